@@ -1,0 +1,138 @@
+package config
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// RateLimit is the limit a rule applies.
+type RateLimit struct {
+	// Name identifies the limit for `replaces`, response names and metrics.
+	Name string
+	// Unit is the window unit; UnitUnknown when Unlimited.
+	Unit Unit
+	// RequestsPerUnit is the number of hits allowed per window. Zero
+	// rejects every hit.
+	RequestsPerUnit uint32
+	// Unlimited rules answer OK without touching the store.
+	Unlimited bool
+	// Replaces lists the names of limits this one removes from a request.
+	Replaces []string
+}
+
+// Rule is one descriptor node of a domain's tree. Rules are immutable once
+// compiled into a [Snapshot].
+type Rule struct {
+	Key   string
+	Value string // empty for a key-only rule
+	// Limit is nil for a node that only groups children (or whitelists).
+	Limit          *RateLimit
+	ShadowMode     bool
+	QuotaMode      bool
+	DetailedMetric bool
+	ValueToMetric  bool
+	// ShareThreshold makes every value matching a wildcard share one counter.
+	ShareThreshold bool
+	// Metadata is the rule's free-form `metadata` map.
+	Metadata map[string]any
+
+	// Path is the stats path: domain, then key or key_value per level,
+	// joined with '.', as envoyproxy/ratelimit names it.
+	Path string
+	// File and Line locate the rule in the rules files.
+	File string
+	Line int
+
+	parent   *Rule
+	depth    int // 1 for a top-level rule
+	wildcard []string
+	children *level
+}
+
+// Parent returns the rule one level up, or nil for a top-level rule.
+func (r *Rule) Parent() *Rule { return r.parent }
+
+// Depth returns the rule's level, 1 for a top-level rule.
+func (r *Rule) Depth() int { return r.depth }
+
+// IsWildcard reports whether the rule's value is a pattern with '*'.
+func (r *Rule) IsWildcard() bool { return r.wildcard != nil }
+
+// Domain is the compiled rules of one domain.
+type Domain struct {
+	Name string
+	File string
+	root *level
+	// rules in file order, depth first, for dumps.
+	rules []*Rule
+}
+
+// Rules returns the domain's rules in file order, depth first.
+func (d *Domain) Rules() []*Rule { return d.rules }
+
+// Snapshot is one complete, validated set of rules. It is never modified
+// after [Load] returns it, so request handlers may share it freely.
+type Snapshot struct {
+	domains map[string]*Domain
+	// Files are the rules files that were loaded, in load order.
+	Files []string
+	// Hash is a hex SHA-256 over the files' names and contents.
+	Hash string
+	// LoadedAt is when the snapshot was built.
+	LoadedAt time.Time
+}
+
+// Domain returns the named domain, or nil when no file defines it.
+func (s *Snapshot) Domain(name string) *Domain {
+	if s == nil {
+		return nil
+	}
+	return s.domains[name]
+}
+
+// Domains returns the domain names, sorted.
+func (s *Snapshot) Domains() []string {
+	names := make([]string, 0, len(s.domains))
+	for n := range s.domains {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Dump renders the rules in force, one line per limited rule, sorted by
+// domain and file order, for /rlconfig.
+func (s *Snapshot) Dump() string {
+	var b strings.Builder
+	for _, name := range s.Domains() {
+		for _, r := range s.domains[name].rules {
+			if r.Limit == nil {
+				continue
+			}
+			l := r.Limit
+			if l.Unlimited {
+				fmt.Fprintf(&b, "%s: unlimited", r.Path)
+			} else {
+				fmt.Fprintf(&b, "%s: unit=%s requests_per_unit=%d", r.Path, l.Unit, l.RequestsPerUnit)
+			}
+			if l.Name != "" {
+				fmt.Fprintf(&b, " name=%q", l.Name)
+			}
+			fmt.Fprintf(&b, " shadow_mode=%t quota_mode=%t (%s:%d)\n", r.ShadowMode, r.QuotaMode, r.File, r.Line)
+		}
+	}
+	return b.String()
+}
+
+// level holds the rules of one depth under one parent, indexed by key.
+type level struct {
+	byKey map[string]*keyRules
+}
+
+type keyRules struct {
+	exact     map[string]*Rule
+	wildcards []*Rule // file order: the first match wins
+	def       *Rule   // the key-only rule
+}

@@ -1,0 +1,257 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+)
+
+func TestBadConfigs(t *testing.T) {
+	tests := []struct {
+		file    string
+		wantErr []string
+	}{
+		{"empty_domain.bad.yaml", []string{"empty_domain.bad.yaml:1: domain: missing or empty domain"}},
+		{"empty_key.bad.yaml", []string{"empty_key.bad.yaml:3: descriptors[0].key: missing or empty key"}},
+		{"duplicate_key.bad.yaml", []string{":6: descriptors[1]: duplicate descriptor d.key1_value1 (first defined at line 3)"}},
+		{"duplicate_field.bad.yaml", []string{`:4: descriptors[0]: duplicate field "key"`}},
+		{"bad_unit.bad.yaml", []string{`:5: descriptors[0].rate_limit.unit: unknown unit "fortnight"`}},
+		{"missing_unit.bad.yaml", []string{":5: descriptors[0].rate_limit.unit: missing unit"}},
+		{"missing_limit.bad.yaml", []string{":5: descriptors[0].rate_limit.requests_per_unit: missing requests_per_unit"}},
+		{"negative_limit.bad.yaml", []string{":6: descriptors[0].rate_limit.requests_per_unit: -1 is out of range"}},
+		{"huge_limit.bad.yaml", []string{":6: descriptors[0].rate_limit.requests_per_unit: 5000000000 is out of range"}},
+		{"float_limit.bad.yaml", []string{`:6: descriptors[0].rate_limit.requests_per_unit: want a whole number, got float "1.5"`}},
+		{"unlimited_with_unit.bad.yaml", []string{":6: descriptors[0].rate_limit.unit: unlimited: true must not have a unit"}},
+		{"misspelled_key.bad.yaml", []string{`:4: descriptors[0]: unknown field "ratelimit"`}},
+		{"misspelled_key2.bad.yaml", []string{`:6: descriptors[0].rate_limit: unknown field "requestsperunit"`}},
+		{"replaces_self.bad.yaml", []string{`:9: descriptors[0].rate_limit.replaces[0].name: a limit cannot replace itself ("self")`}},
+		{"replaces_empty.bad.yaml", []string{":8: descriptors[0].rate_limit.replaces[0].name: empty replaces name"}},
+		{"bad_yaml.bad.yaml", []string{"bad_yaml.bad.yaml: invalid YAML: line"}},
+		{"non_string_key.bad.yaml", []string{`non_string_key.bad.yaml:1: key "0.25" is not a string`}},
+		{"non_map_list.bad.yaml", []string{":2: descriptors[0]: want a mapping, got str"}},
+		{"descriptors_map.bad.yaml", []string{":3: descriptors: want a list of descriptors, got a mapping"}},
+		{"share_threshold_no_wildcard.bad.yaml", []string{":5: descriptors[0].share_threshold: share_threshold needs a wildcard value"}},
+		{"multi_doc.bad.yaml", []string{":4: a second YAML document"}},
+		{"bad_bool.bad.yaml", []string{`:4: descriptors[0].shadow_mode: want true or false, got str "yes please"`}},
+		{"empty.bad.yaml", []string{"empty.bad.yaml: empty file"}},
+		{"many_errors.bad.yaml", []string{`:5: descriptors[0].rate_limit.unit: unknown unit "fortnight"`,
+			":6: descriptors[0].rate_limit.requests_per_unit: -3 is out of range", ":7: descriptors[1].key: missing or empty key"}},
+	}
+	seen := map[string]bool{}
+	for _, tt := range tests {
+		seen[tt.file] = true
+		t.Run(tt.file, func(t *testing.T) {
+			path := filepath.Join("testdata", tt.file)
+			snap, err := Load(path)
+			if err == nil {
+				t.Fatalf("Load(%s) = %v, want an error", path, snap)
+			}
+			for _, want := range tt.wantErr {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q\ndoes not contain %q", err, want)
+				}
+			}
+			if !strings.HasPrefix(err.Error(), path) {
+				t.Errorf("error %q does not start with the file name", err)
+			}
+		})
+	}
+	bad, _ := filepath.Glob("testdata/*.bad.yaml")
+	for _, f := range bad {
+		if !seen[filepath.Base(f)] {
+			t.Errorf("%s has no expected error in TestBadConfigs", f)
+		}
+	}
+}
+
+func entries(kv ...string) []*rlcommon.RateLimitDescriptor_Entry {
+	var out []*rlcommon.RateLimitDescriptor_Entry
+	for i := 0; i+1 < len(kv); i += 2 {
+		out = append(out, &rlcommon.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return out
+}
+
+func TestGoodConfig(t *testing.T) {
+	snap, err := Load("testdata/basic.good.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := snap.Domain("test-domain")
+	if d == nil {
+		t.Fatal("domain test-domain missing")
+	}
+	tests := []struct {
+		name     string
+		give     []string
+		wantPath string // "" = no match
+		wantRPU  uint32
+		wantUnit Unit
+	}{
+		{"exact", []string{"key1", "value1"}, "test-domain.key1_value1", 5, UnitMinute},
+		{"nested key-only", []string{"key1", "value1", "subkey1", "x"}, "test-domain.key1_value1.subkey1", 10, UnitSecond},
+		{"deeper than config", []string{"key1", "value1", "subkey1", "x", "z", "z"}, "", 0, 0},
+		{"key-only any value", []string{"key2", "anything"}, "test-domain.key2", 20, UnitHour},
+		{"key-only empty value", []string{"key2", ""}, "test-domain.key2", 20, UnitHour},
+		{"unknown value no default", []string{"key1", "other"}, "", 0, 0},
+		{"unknown key", []string{"nokey", "v"}, "", 0, 0},
+		{"trailing wildcard", []string{"key3", "/api/users"}, "test-domain.key3_/api/*", 3, UnitDay},
+		{"wildcard zero chars", []string{"key3", "/api/"}, "test-domain.key3_/api/*", 3, UnitDay},
+		{"middle wildcards", []string{"key3", "/aXXbYYc"}, "test-domain.key3_/a*b*c", 4, UnitWeek},
+		{"middle wildcards out of order", []string{"key3", "/acb"}, "", 0, 0},
+		{"whitelist int value", []string{"whitelist", "123"}, "test-domain.whitelist_123", 0, 0},
+		{"shadow", []string{"shadow", "v"}, "test-domain.shadow", 0, UnitYear},
+		// The incumbent matches wildcards on "key_value", so key "key3_/api" with
+		// value "x" would share key3's counter; we never match across keys.
+		{"no match across key boundary", []string{"key3_/api", "x"}, "", 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := d.Match(entries(tt.give...))
+			if tt.wantPath == "" {
+				if r != nil {
+					t.Fatalf("Match = %s, want no match", r.Path)
+				}
+				return
+			}
+			if r == nil {
+				t.Fatalf("Match = nil, want %s", tt.wantPath)
+			}
+			if r.Path != tt.wantPath {
+				t.Fatalf("Match = %s, want %s", r.Path, tt.wantPath)
+			}
+			if tt.wantUnit != 0 && (r.Limit == nil || r.Limit.RequestsPerUnit != tt.wantRPU || r.Limit.Unit != tt.wantUnit) {
+				t.Fatalf("limit = %+v, want %d/%s", r.Limit, tt.wantRPU, tt.wantUnit)
+			}
+		})
+	}
+	unl := d.Match(entries("unl", "x"))
+	if unl == nil || !unl.Limit.Unlimited || len(unl.Limit.Replaces) != 1 || unl.Limit.Replaces[0] != "per-key2" {
+		t.Errorf("unlimited rule = %+v", unl.Limit)
+	}
+	sh := d.Match(entries("shadow", "v"))
+	if !sh.ShadowMode || !sh.DetailedMetric || sh.Metadata["team"] != "payments" {
+		t.Errorf("shadow rule = %+v", sh)
+	}
+	if !d.Match(entries("key3", "/api/x")).ShareThreshold {
+		t.Error("share_threshold lost")
+	}
+	if got := d.Match(entries("key1", "value1")); got.Line != 3 || got.File != "testdata/basic.good.yaml" {
+		t.Errorf("rule location = %s:%d", got.File, got.Line)
+	}
+	if !strings.Contains(snap.Dump(), "test-domain.key1_value1: unit=minute requests_per_unit=5") {
+		t.Errorf("Dump:\n%s", snap.Dump())
+	}
+}
+
+func TestWildcardFirstInFileOrderWins(t *testing.T) {
+	snap, err := Parse("w.yaml", []byte(`
+domain: w
+descriptors:
+  - key: p
+    value: "a*"
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: p
+    value: "ab*"
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: p
+    rate_limit: {unit: second, requests_per_unit: 3}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := snap.Domain("w")
+	if got := d.Match(entries("p", "abc")).Limit.RequestsPerUnit; got != 1 {
+		t.Errorf("abc matched limit %d, want the first wildcard's 1", got)
+	}
+	if got := d.Match(entries("p", "zzz")).Limit.RequestsPerUnit; got != 3 {
+		t.Errorf("zzz matched limit %d, want the key-only 3", got)
+	}
+}
+
+func TestNoBacktracking(t *testing.T) {
+	// envoyproxy/ratelimit is greedy: once the exact value matched, its
+	// key-only sibling is never tried for deeper entries. We keep that so a
+	// rules file decides the same way in both services.
+	snap, err := Parse("b.yaml", []byte(`
+domain: b
+descriptors:
+  - key: a
+    value: x
+    descriptors:
+      - key: c
+        value: only
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: a
+    descriptors:
+      - key: c
+        rate_limit: {unit: second, requests_per_unit: 2}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := snap.Domain("b").Match(entries("a", "x", "c", "other")); r != nil {
+		t.Errorf("Match = %s, want nil (no backtracking)", r.Path)
+	}
+	if r := snap.Domain("b").Match(entries("a", "y", "c", "other")); r == nil || r.Limit.RequestsPerUnit != 2 {
+		t.Errorf("Match = %v, want the key-only child", r)
+	}
+}
+
+func TestLoadDirectory(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", "domain: a\n")
+	write("b.yml", "domain: b\n")
+	write(".hidden.yaml", "not: valid: yaml: [")
+	write("notes.txt", "ignored")
+	if err := os.Mkdir(filepath.Join(dir, "..data"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(snap.Domains(), ","); got != "a,b" {
+		t.Errorf("domains = %s, want a,b", got)
+	}
+	write("c.yaml", "domain: a\n")
+	_, err = Load(dir)
+	if err == nil || !strings.Contains(err.Error(), `c.yaml: duplicate domain "a" (already defined in `+filepath.Join(dir, "a.yaml")) {
+		t.Errorf("duplicate domain error = %v", err)
+	}
+	if _, err := Load(t.TempDir()); err == nil || !strings.Contains(err.Error(), "no *.yaml or *.yml rules files") {
+		t.Errorf("empty dir error = %v", err)
+	}
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Errorf("missing file error = %v", err)
+	}
+}
+
+func FuzzLoadConfig(f *testing.F) {
+	files, _ := filepath.Glob("testdata/*.yaml")
+	for _, file := range files {
+		data, _ := os.ReadFile(file)
+		f.Add(data)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		snap, err := Parse("fuzz.yaml", data)
+		if (snap == nil) == (err == nil) {
+			t.Fatalf("Parse returned snapshot %v and error %v", snap, err)
+		}
+		if snap != nil {
+			_ = snap.Dump()
+			for _, name := range snap.Domains() {
+				snap.Domain(name).Match(entries("k", "v", "k2", "v2"))
+			}
+		}
+	})
+}

@@ -1,0 +1,369 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Error is one problem in a rules file.
+type Error struct {
+	File string
+	Line int
+	// Path is where in the document the problem is, e.g.
+	// "descriptors[0].rate_limit.unit".
+	Path string
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, ":%d", e.Line)
+	}
+	b.WriteString(": ")
+	if e.Path != "" {
+		b.WriteString(e.Path)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// maxRules bounds the descriptors of one file, so that YAML aliases cannot
+// expand a small file into an enormous tree.
+const maxRules = 100000
+
+// parser collects every problem of one file.
+type parser struct {
+	file  string
+	errs  []error
+	rules int
+}
+
+// deref resolves a YAML alias to the node it names.
+func deref(n *yaml.Node) *yaml.Node {
+	for i := 0; n != nil && n.Kind == yaml.AliasNode && n.Alias != nil && i < 16; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+func (p *parser) errorf(n *yaml.Node, path, format string, args ...any) {
+	line := 0
+	if n != nil {
+		line = n.Line
+	}
+	p.errs = append(p.errs, &Error{File: p.file, Line: line, Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+// parseFile parses one rules file into an uncompiled domain.
+func parseFile(file string, data []byte) (*Domain, error) {
+	p := &parser{file: file}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, &Error{File: file, Msg: "empty file: a rules file needs a domain"}
+		}
+		return nil, &Error{File: file, Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, &Error{File: file, Line: extra.Line, Msg: "a second YAML document ('---'): put one domain in each file"}
+	} else if !errors.Is(err, io.EOF) {
+		return nil, &Error{File: file, Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = root.Content[0]
+	}
+	d := p.domain(root)
+	if len(p.errs) > 0 {
+		return nil, errors.Join(p.errs...)
+	}
+	return d, nil
+}
+
+// fields checks that n is a mapping with unique, known, string keys and
+// returns the values by key.
+func (p *parser) fields(n *yaml.Node, path string, known ...string) map[string]*yaml.Node {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return map[string]*yaml.Node{}
+	}
+	if n.Kind != yaml.MappingNode {
+		p.errorf(n, path, "want a mapping, got %s", kindName(n))
+		return nil
+	}
+	out := make(map[string]*yaml.Node, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], deref(n.Content[i+1])
+		if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
+			p.errorf(k, path, "key %q is not a string", k.Value)
+			continue
+		}
+		if _, dup := out[k.Value]; dup {
+			p.errorf(k, path, "duplicate field %q", k.Value)
+			continue
+		}
+		ok := false
+		for _, name := range known {
+			if name == k.Value {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			p.errorf(k, path, "unknown field %q (known: %s)", k.Value, strings.Join(known, ", "))
+			continue
+		}
+		out[k.Value] = v
+	}
+	return out
+}
+
+func (p *parser) domain(n *yaml.Node) *Domain {
+	f := p.fields(n, "", "domain", "descriptors")
+	if f == nil {
+		return nil
+	}
+	d := &Domain{File: p.file}
+	if v, ok := f["domain"]; ok {
+		d.Name, _ = p.str(v, "domain")
+	}
+	if d.Name == "" {
+		p.errorf(n, "domain", "missing or empty domain")
+	}
+	d.root = p.descriptors(f["descriptors"], "descriptors", d, nil)
+	return d
+}
+
+func (p *parser) descriptors(n *yaml.Node, path string, d *Domain, parent *Rule) *level {
+	if n == nil || (n.Kind == yaml.ScalarNode && n.Tag == "!!null") {
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		p.errorf(n, path, "want a list of descriptors, got %s", kindName(n))
+		return nil
+	}
+	lv := &level{byKey: map[string]*keyRules{}}
+	for i, c := range n.Content {
+		c = deref(c)
+		cp := fmt.Sprintf("%s[%d]", path, i)
+		p.rules++
+		if p.rules > maxRules {
+			p.errorf(c, cp, "more than %d descriptors in one file", maxRules)
+			return lv
+		}
+		r := p.rule(c, cp, d, parent)
+		if r == nil {
+			continue
+		}
+		kr := lv.byKey[r.Key]
+		if kr == nil {
+			kr = &keyRules{exact: map[string]*Rule{}}
+			lv.byKey[r.Key] = kr
+		}
+		var prev *Rule
+		switch {
+		case r.Value == "":
+			prev, kr.def = kr.def, r
+		case r.wildcard != nil:
+			for _, w := range kr.wildcards {
+				if w.Value == r.Value {
+					prev = w
+				}
+			}
+			if prev == nil {
+				kr.wildcards = append(kr.wildcards, r)
+			}
+		default:
+			prev = kr.exact[r.Value]
+			kr.exact[r.Value] = r
+		}
+		if prev != nil {
+			p.errorf(c, cp, "duplicate descriptor %s (first defined at line %d)", r.Path, prev.Line)
+		}
+	}
+	return lv
+}
+
+func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule {
+	f := p.fields(n, path, "key", "value", "rate_limit", "descriptors", "shadow_mode",
+		"quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata")
+	if f == nil {
+		return nil
+	}
+	r := &Rule{File: p.file, Line: n.Line, parent: parent, depth: 1}
+	if parent != nil {
+		r.depth = parent.depth + 1
+	}
+	if v, ok := f["key"]; ok {
+		r.Key, _ = p.str(v, path+".key")
+	}
+	if r.Key == "" {
+		p.errorf(n, path+".key", "missing or empty key")
+	}
+	if v, ok := f["value"]; ok {
+		r.Value, _ = p.str(v, path+".value")
+	}
+	if strings.Contains(r.Value, "*") {
+		r.wildcard = strings.Split(r.Value, "*")
+	}
+	seg := r.Key
+	if r.Value != "" {
+		seg += "_" + r.Value
+	}
+	if parent != nil {
+		r.Path = parent.Path + "." + seg
+	} else {
+		r.Path = d.Name + "." + seg
+	}
+	r.ShadowMode = p.boolean(f["shadow_mode"], path+".shadow_mode")
+	r.QuotaMode = p.boolean(f["quota_mode"], path+".quota_mode")
+	r.DetailedMetric = p.boolean(f["detailed_metric"], path+".detailed_metric")
+	r.ValueToMetric = p.boolean(f["value_to_metric"], path+".value_to_metric")
+	r.ShareThreshold = p.boolean(f["share_threshold"], path+".share_threshold")
+	if r.ShareThreshold && r.wildcard == nil {
+		p.errorf(f["share_threshold"], path+".share_threshold", "share_threshold needs a wildcard value (containing '*'), got %q", r.Value)
+	}
+	if v, ok := f["metadata"]; ok {
+		var m map[string]any
+		if v.Kind != yaml.MappingNode {
+			p.errorf(v, path+".metadata", "want a mapping, got %s", kindName(v))
+		} else if err := v.Decode(&m); err != nil {
+			p.errorf(v, path+".metadata", "%v", err)
+		}
+		r.Metadata = m
+	}
+	if v, ok := f["rate_limit"]; ok {
+		r.Limit = p.rateLimit(v, path+".rate_limit")
+	}
+	d.rules = append(d.rules, r)
+	r.children = p.descriptors(f["descriptors"], path+".descriptors", d, r)
+	return r
+}
+
+func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
+	f := p.fields(n, path, "unit", "requests_per_unit", "unlimited", "name", "replaces")
+	if f == nil {
+		return nil
+	}
+	l := &RateLimit{}
+	l.Unlimited = p.boolean(f["unlimited"], path+".unlimited")
+	if v, ok := f["name"]; ok {
+		l.Name, _ = p.str(v, path+".name")
+	}
+	unit, hasUnit := f["unit"]
+	switch {
+	case l.Unlimited && hasUnit:
+		p.errorf(unit, path+".unit", "unlimited: true must not have a unit")
+	case !l.Unlimited && !hasUnit:
+		p.errorf(n, path+".unit", "missing unit (second, minute, hour, day, week, month or year)")
+	case hasUnit:
+		if s, ok := p.str(unit, path+".unit"); ok {
+			u, err := ParseUnit(s)
+			if err != nil {
+				p.errorf(unit, path+".unit", "%v", err)
+			}
+			l.Unit = u
+		}
+	}
+	rpu, hasRPU := f["requests_per_unit"]
+	switch {
+	case hasRPU:
+		l.RequestsPerUnit = p.uint32(rpu, path+".requests_per_unit")
+	case !l.Unlimited:
+		p.errorf(n, path+".requests_per_unit", "missing requests_per_unit (write 0 to reject every request)")
+	}
+	if v, ok := f["replaces"]; ok {
+		if v.Kind != yaml.SequenceNode {
+			p.errorf(v, path+".replaces", "want a list of {name: ...}, got %s", kindName(v))
+		} else {
+			for i, c := range v.Content {
+				c = deref(c)
+				cp := fmt.Sprintf("%s.replaces[%d]", path, i)
+				rf := p.fields(c, cp, "name")
+				if rf == nil {
+					continue
+				}
+				var name string
+				if nv, ok := rf["name"]; ok {
+					name, _ = p.str(nv, cp+".name")
+				}
+				switch {
+				case name == "":
+					p.errorf(c, cp+".name", "empty replaces name")
+				case name == l.Name:
+					p.errorf(c, cp+".name", "a limit cannot replace itself (%q)", name)
+				default:
+					l.Replaces = append(l.Replaces, name)
+				}
+			}
+		}
+	}
+	return l
+}
+
+// str reads a scalar as a string. Integers and booleans keep their source
+// text, as envoyproxy/ratelimit coerces them.
+func (p *parser) str(n *yaml.Node, path string) (string, bool) {
+	if n.Kind != yaml.ScalarNode {
+		p.errorf(n, path, "want a string, got %s", kindName(n))
+		return "", false
+	}
+	switch n.Tag {
+	case "!!str", "!!int", "!!bool":
+		return n.Value, true
+	case "!!null":
+		return "", true
+	}
+	p.errorf(n, path, "want a string, got %s %q (quote it)", kindName(n), n.Value)
+	return "", false
+}
+
+func (p *parser) boolean(n *yaml.Node, path string) bool {
+	if n == nil {
+		return false
+	}
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {
+		p.errorf(n, path, "want true or false, got %s %q", kindName(n), n.Value)
+		return false
+	}
+	b, _ := strconv.ParseBool(strings.ToLower(n.Value))
+	return b
+}
+
+func (p *parser) uint32(n *yaml.Node, path string) uint32 {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
+		p.errorf(n, path, "want a whole number, got %s %q", kindName(n), n.Value)
+		return 0
+	}
+	v, err := strconv.ParseInt(n.Value, 0, 64)
+	if err != nil || v < 0 || v > math.MaxUint32 {
+		p.errorf(n, path, "%s is out of range (0 to %d)", n.Value, uint32(math.MaxUint32))
+		return 0
+	}
+	return uint32(v)
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.ScalarNode:
+		return strings.TrimPrefix(n.Tag, "!!")
+	}
+	return "unknown node"
+}
