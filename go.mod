@@ -3,6 +3,7 @@ module github.com/ratelimitd/ratelimitd
 go 1.26.8
 
 require (
+	github.com/coocood/freecache v1.2.7
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/redis/go-redis/v9 v9.23.0
 	gopkg.in/yaml.v3 v3.0.1
