@@ -7,7 +7,7 @@ package memstore
 import (
 	"context"
 	"hash/maphash"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -62,14 +62,11 @@ func (s *Store) Evaluate(_ context.Context, checks []limit.Check) ([]limit.Resul
 		idx[i] = int(maphash.String(s.seed, c.Key) % shards)
 		locked = append(locked, idx[i])
 	}
-	sort.Ints(locked)
-	prev := -1
+	slices.Sort(locked)
+	locked = slices.Compact(locked)
 	for _, i := range locked {
-		if i != prev {
-			s.shards[i].mu.Lock()
-			s.shards[i].sweepLocked(now)
-			prev = i
-		}
+		s.shards[i].mu.Lock()
+		s.shards[i].sweepLocked(now)
 	}
 	counts := make([]uint64, len(checks))
 	ends := make([]int64, len(checks))
@@ -90,12 +87,8 @@ func (s *Store) Evaluate(_ context.Context, checks []limit.Check) ([]limit.Resul
 			sh.counters[c.Key] = counter{windowEnd: ends[i], count: counts[i]}
 		}
 	}
-	prev = -1
 	for _, i := range locked {
-		if i != prev {
-			s.shards[i].mu.Unlock()
-			prev = i
-		}
+		s.shards[i].mu.Unlock()
 	}
 	return results, nil
 }

@@ -21,7 +21,7 @@ else
 end
 
 local n = #KEYS
-local counts, ends, over, stale = {}, {}, {}, {}
+local counts, ends, over, stale, hitsOf, refund = {}, {}, {}, {}, {}, {}
 local admitted = true
 for i = 1, n do
   local b = 2 + (i - 1) * 4
@@ -42,8 +42,10 @@ for i = 1, n do
     end
   end
   counts[i] = c
+  hitsOf[i] = hits
+  refund[i] = flags % 2 == 1
   over[i] = 0
-  if flags % 2 ~= 1 and c + hits > lim then
+  if not refund[i] and c + hits > lim then
     over[i] = 1
     if flags < 2 then admitted = false end
   end
@@ -51,11 +53,9 @@ end
 
 local out = {}
 for i = 1, n do
-  local b = 2 + (i - 1) * 4
-  local hits, flags = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  local c = counts[i]
+  local c, hits = counts[i], hitsOf[i]
   local nc = c
-  if flags % 2 == 1 then
+  if refund[i] then
     nc = c - hits
     if nc < 0 then nc = 0 end
   elseif admitted and over[i] == 0 then
