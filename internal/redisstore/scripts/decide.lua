@@ -63,8 +63,12 @@ for i = 1, n do
   end
   if nc ~= c or stale[i] then
     if nc > 0 then
-      local ttl = math.ceil((ends[i] - now) / 1000)
-      if ttl < 1 then ttl = 1 end
+      -- The expiry is housekeeping, not the window: the window end stored
+      -- in the value decides, so a key read after its window counts 0
+      -- whatever its TTL. One second of grace keeps a key from vanishing
+      -- before its window ends on the clock that decides: Redis TIME, or
+      -- a test's scripted clock, which runs faster than Redis's expiry.
+      local ttl = math.ceil((ends[i] - now) / 1000) + 1000
       redis.call('SET', KEYS[i], string.format('%d:%d', ends[i], nc), 'PX', ttl)
     else
       redis.call('DEL', KEYS[i])
