@@ -49,6 +49,18 @@ func (e *Encoder) Entry(key, value string) {
 	e.entries = appendEscaped(e.entries, value)
 }
 
+// SharedEntry adds an entry whose counter every value matching the wildcard
+// pattern shares (share_threshold). '#' is escaped in values, so a shared
+// entry never meets a plain one.
+func (e *Encoder) SharedEntry(key, pattern string) {
+	if len(e.entries) > 0 {
+		e.entries = append(e.entries, ':')
+	}
+	e.entries = appendEscaped(e.entries, key)
+	e.entries = append(e.entries, '=', '#')
+	e.entries = appendEscaped(e.entries, pattern)
+}
+
 // Key finishes the key with the algorithm tag, e.g. [FixedWindowTag].
 func (e *Encoder) Key(tag string) string {
 	e.buf = append(e.buf, ':')

@@ -92,3 +92,18 @@ func FuzzCacheKey(f *testing.F) {
 		}
 	})
 }
+
+func TestSharedEntryDistinct(t *testing.T) {
+	var e Encoder
+	e.Reset("", "d")
+	e.SharedEntry("path", "files/*")
+	shared := e.Key(FixedWindowTag(60e6))
+	if shared != "rl1:d:path=#files/*|fw60s" {
+		t.Errorf("shared key = %q", shared)
+	}
+	for _, v := range []string{"files/*", "#files/*"} {
+		if key("d", "path", v) == "p:"+shared {
+			t.Errorf("value %q shares the pattern's counter", v)
+		}
+	}
+}

@@ -11,8 +11,8 @@ import (
 )
 
 // Cache is a fixed-size freecache of counter keys to the local time they
-// stop being blocked. A nil *Cache (size 0) holds nothing. It is safe for
-// concurrent use.
+// stop being blocked and the limit they were found exhausted under. A nil
+// *Cache (size 0) holds nothing. It is safe for concurrent use.
 type Cache struct {
 	fc *freecache.Cache
 }
@@ -26,14 +26,16 @@ func New(size int) *Cache {
 	return &Cache{fc: freecache.NewCache(size)}
 }
 
-// Blocked reports whether key is known over its limit at now, and until when.
-func (c *Cache) Blocked(key string, now time.Time) (time.Time, bool) {
+// Blocked reports whether key is known exhausted under limit at now, and
+// until when. An entry recorded under another limit does not block: a
+// request-supplied limit override, or a rule changed since, may allow more.
+func (c *Cache) Blocked(key string, limit uint64, now time.Time) (time.Time, bool) {
 	if c == nil {
 		return time.Time{}, false
 	}
-	var buf [8]byte
+	var buf [16]byte
 	v, err := c.fc.GetWithBuf([]byte(key), buf[:])
-	if err != nil || len(v) != 8 {
+	if err != nil || len(v) != 16 || binary.BigEndian.Uint64(v[8:]) != limit {
 		return time.Time{}, false
 	}
 	until := time.Unix(0, int64(binary.BigEndian.Uint64(v)))
@@ -43,15 +45,16 @@ func (c *Cache) Blocked(key string, now time.Time) (time.Time, bool) {
 	return until, true
 }
 
-// Block marks key over its limit until until. The entry's own expiry is
-// rounded up to whole seconds (freecache's unit); Blocked compares against
-// the exact time stored in the value.
-func (c *Cache) Block(key string, until time.Time, now time.Time) {
+// Block marks key exhausted under limit until until. The entry's own
+// expiry is rounded up to whole seconds (freecache's unit); Blocked
+// compares against the exact time stored in the value.
+func (c *Cache) Block(key string, limit uint64, until, now time.Time) {
 	if c == nil || !until.After(now) {
 		return
 	}
-	var v [8]byte
-	binary.BigEndian.PutUint64(v[:], uint64(until.UnixNano()))
+	var v [16]byte
+	binary.BigEndian.PutUint64(v[:8], uint64(until.UnixNano()))
+	binary.BigEndian.PutUint64(v[8:], limit)
 	secs := int((until.Sub(now) + time.Second - 1) / time.Second)
 	_ = c.fc.Set([]byte(key), v[:], secs) // a full cache only evicts older entries
 }
@@ -68,4 +71,13 @@ func (c *Cache) Clear() {
 	if c != nil {
 		c.fc.Clear()
 	}
+}
+
+// Len returns the number of entries, expired ones included until freecache
+// drops them.
+func (c *Cache) Len() int64 {
+	if c == nil {
+		return 0
+	}
+	return c.fc.EntryCount()
 }

@@ -1,0 +1,281 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+)
+
+// checkState is what the service knows of one check besides the check.
+type checkState struct {
+	hits   uint64 // the check's hits, kept when a read replaces it
+	cached bool   // answered from the over-limit cache
+	read   bool   // sent without its hits: the cache had rejected the request
+	until  time.Time
+	res    limit.Result
+	failed bool // the store could not decide it
+}
+
+// ShouldRateLimit decides one request. Descriptors the rules do not limit
+// are OK; the others are decided together, all or nothing: when one
+// (non-shadow) counter is over its limit, no counter of the request
+// consumes. Errors are ErrInvalidRequest or ErrNoRules; a store failure is
+// not an error but answered by policy (OK, counted in Stats.FailOpen).
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if err := s.validate(req); err != nil {
+		return nil, err
+	}
+	rules := s.rules.Load()
+	if rules == nil {
+		return nil, ErrNoRules
+	}
+	s.stats.Requests.Add(1)
+	descs := req.GetDescriptors()
+	items := make([]item, len(descs))
+	s.plan(req, rules.Domain(req.GetDomain()), items)
+
+	checks, states := s.buildChecks(req, items)
+	if len(checks) > 0 {
+		s.evaluate(ctx, checks, states)
+	}
+	resp := s.respond(items, checks, states)
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.DebugContext(ctx, "decision", "domain", req.GetDomain(), "descriptors", len(descs),
+			"checks", len(checks), "code", resp.GetOverallCode().String())
+	}
+	return resp, nil
+}
+
+// buildChecks gives every counted item a check. Items on one counter (the
+// same descriptor twice, say) share one check holding their combined hits,
+// so a store never sees a key twice in one evaluation.
+func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limit.Check, []checkState) {
+	var enc limit.Encoder
+	checks := make([]limit.Check, 0, len(items))
+	var consume, refund []uint64
+	descs := req.GetDescriptors()
+	for i := range items {
+		it := &items[i]
+		if it.kind != counted {
+			continue
+		}
+		key := s.counterKey(&enc, req.GetDomain(), descs[i].GetEntries(), it)
+		noVeto := it.shadow || it.quota
+		c := -1
+		for j := range checks {
+			if checks[j].Key == key {
+				c = j
+				break
+			}
+		}
+		if c < 0 {
+			c = len(checks)
+			checks = append(checks, limit.Check{Key: key, Limit: uint64(it.rpu), WindowUS: it.windowUS, NoVeto: noVeto})
+			consume, refund = append(consume, 0), append(refund, 0)
+		} else {
+			checks[c].Limit = min(checks[c].Limit, uint64(it.rpu))
+			checks[c].NoVeto = checks[c].NoVeto && noVeto
+		}
+		if it.refund {
+			refund[c] += it.hits
+		} else {
+			consume[c] += it.hits
+		}
+		it.check = c
+	}
+	states := make([]checkState, len(checks))
+	for c := range checks {
+		if consume[c] >= refund[c] {
+			checks[c].Hits = consume[c] - refund[c]
+		} else {
+			checks[c].Hits, checks[c].Refund = refund[c]-consume[c], true
+		}
+		states[c].hits = checks[c].Hits
+	}
+	return checks, states
+}
+
+// evaluate answers exhausted counters from the local cache and has the
+// store decide the rest in one call.
+func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []checkState) {
+	now := s.now()
+	rejected := false
+	if s.cache != nil {
+		for c := range checks {
+			ch := &checks[c]
+			if ch.Refund || ch.Hits == 0 || ch.NoVeto {
+				continue // only a consuming, vetoing check may be short-circuited
+			}
+			if until, ok := s.cache.Blocked(ch.Key, ch.Limit, now); ok {
+				states[c].cached, states[c].until = true, until
+				rejected = true
+				s.stats.LocalCacheHits.Add(1)
+			}
+		}
+	}
+	send := checks
+	var idx []int
+	if rejected {
+		// The request is rejected already: its other counters are read,
+		// not consumed (refunds still apply), and the exhausted ones cost
+		// no store call at all.
+		send = make([]limit.Check, 0, len(checks))
+		for c := range checks {
+			if states[c].cached {
+				continue
+			}
+			ch := checks[c]
+			if !ch.Refund {
+				ch.Hits, states[c].read = 0, true
+			}
+			send = append(send, ch)
+			idx = append(idx, c)
+		}
+		if len(send) == 0 {
+			return
+		}
+	}
+	res, err := s.store.Evaluate(ctx, send)
+	if err != nil {
+		s.stats.StoreErrors.Add(1)
+		s.logFailure(ctx, err, len(send))
+		for c := range states {
+			if !states[c].cached {
+				states[c].failed = true
+			}
+		}
+		return
+	}
+	now = s.now()
+	for j := range send {
+		c := j
+		if idx != nil {
+			c = idx[j]
+		}
+		states[c].res = res[j]
+		ch := &checks[c]
+		switch {
+		case ch.Refund:
+			if s.cache != nil {
+				s.cache.Forget(ch.Key)
+			}
+		case s.cache != nil && !ch.NoVeto && res[j].Count >= ch.Limit && res[j].ResetUS > 0:
+			// Exhausted: every further hit in this window is over.
+			s.cache.Block(ch.Key, ch.Limit, now.Add(time.Duration(res[j].ResetUS)*time.Microsecond), now)
+		}
+	}
+}
+
+// logFailure logs a store failure at most once a second, so an outage
+// cannot flood the log; Stats counts every one.
+func (s *Service) logFailure(ctx context.Context, err error, checks int) {
+	now := time.Now().UnixNano()
+	last := s.lastFailLog.Load()
+	if now-last < int64(time.Second) || !s.lastFailLog.CompareAndSwap(last, now) {
+		return
+	}
+	s.log.WarnContext(ctx, "store could not decide; answering OK (fail open)",
+		"err", err, "checks", checks, "fail_open_total", s.stats.FailOpen.Load()+int64(checks),
+		"deadline_exceeded", errors.Is(err, context.DeadlineExceeded))
+}
+
+// respond builds the response from the decided items.
+func (s *Service) respond(items []item, checks []limit.Check, states []checkState) *rlsv3.RateLimitResponse {
+	now := s.now()
+	statuses := make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))
+	overLimit, quotaTotal, quotaOver := false, 0, 0
+	for i := range items {
+		it := &items[i]
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		statuses[i] = st
+		switch it.kind {
+		case noLimit:
+			continue
+		case unlimited:
+			st.LimitRemaining = math.MaxUint32
+			continue
+		}
+		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
+			Name:            it.name,
+			RequestsPerUnit: it.rpu,
+			Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(it.unit),
+		}
+		cs := &states[it.check]
+		over := false
+		switch {
+		case cs.cached:
+			over = true
+			st.DurationUntilReset = ceilSeconds(cs.until.Sub(now))
+		case cs.failed:
+			s.stats.FailOpen.Add(1)
+			continue
+		default:
+			ch := &checks[it.check]
+			if !ch.Refund && !it.refund {
+				over = cs.res.Over
+				if cs.read {
+					over = cs.res.Count+cs.hits > ch.Limit
+				}
+			}
+			if !over {
+				st.LimitRemaining = remaining(cs.res.Count, it.rpu)
+			}
+			st.DurationUntilReset = ceilSeconds(time.Duration(cs.res.ResetUS) * time.Microsecond)
+		}
+		if it.quota {
+			quotaTotal++
+		}
+		if !over {
+			continue
+		}
+		if it.shadow {
+			s.stats.Shadow.Add(1)
+			continue
+		}
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		if it.quota {
+			quotaOver++
+		} else {
+			overLimit = true
+		}
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: statuses}
+	if overLimit || (quotaTotal > 0 && quotaOver == quotaTotal) {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		if s.opts.ShadowMode {
+			resp.OverallCode = rlsv3.RateLimitResponse_OK
+			s.stats.Shadow.Add(1)
+		} else {
+			s.stats.OverLimit.Add(1)
+		}
+	}
+	if s.opts.ResponseHeaders {
+		resp.ResponseHeadersToAdd = headers(items, statuses, states)
+	}
+	return resp
+}
+
+func remaining(count uint64, rpu uint32) uint32 {
+	if count >= uint64(rpu) {
+		return 0
+	}
+	return uint32(uint64(rpu) - count)
+}
+
+// ceilSeconds rounds d up to whole seconds, as envoyproxy/ratelimit
+// reports duration_until_reset (1 to the window length): a client reading
+// only the seconds never sees 0 before the reset.
+func ceilSeconds(d time.Duration) *durationpb.Duration {
+	secs := int64((d + time.Second - 1) / time.Second)
+	if secs < 1 {
+		secs = 1
+	}
+	return &durationpb.Duration{Seconds: secs}
+}

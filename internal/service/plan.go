@@ -1,0 +1,172 @@
+package service
+
+import (
+	"fmt"
+	"math"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+)
+
+// item is the plan for one request descriptor.
+type item struct {
+	kind     itemKind
+	rule     *config.Rule // nil for a request override
+	rpu      uint32
+	unit     config.Unit
+	name     string
+	windowUS int64
+	hits     uint64
+	refund   bool
+	shadow   bool
+	quota    bool
+	check    int // index into the request's checks when kind == counted
+	override bool
+}
+
+type itemKind uint8
+
+const (
+	noLimit   itemKind = iota // no rule, a rule without a limit, or replaced
+	unlimited                 // `unlimited: true`
+	counted                   // decided on a counter
+)
+
+// validate checks the request against the size bounds before anything is
+// matched or allocated for it.
+func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
+	if req.GetDomain() == "" {
+		return fmt.Errorf("%w: domain must not be empty", ErrInvalidRequest)
+	}
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
+		return fmt.Errorf("%w: descriptors must not be empty", ErrInvalidRequest)
+	}
+	if len(descs) > s.opts.MaxDescriptors {
+		return fmt.Errorf("%w: %d descriptors, more than the %d allowed", ErrInvalidRequest, len(descs), s.opts.MaxDescriptors)
+	}
+	if n := len(req.GetDomain()); n > s.opts.MaxEntryBytes {
+		return fmt.Errorf("%w: domain is %d bytes, more than the %d allowed", ErrInvalidRequest, n, s.opts.MaxEntryBytes)
+	}
+	for i, d := range descs {
+		ents := d.GetEntries()
+		if len(ents) == 0 {
+			return fmt.Errorf("%w: descriptors[%d] has no entries", ErrInvalidRequest, i)
+		}
+		if len(ents) > s.opts.MaxEntries {
+			return fmt.Errorf("%w: descriptors[%d]: %d entries, more than the %d allowed", ErrInvalidRequest, i, len(ents), s.opts.MaxEntries)
+		}
+		for j, e := range ents {
+			if n := len(e.GetKey()); n > s.opts.MaxEntryBytes {
+				return fmt.Errorf("%w: descriptors[%d].entries[%d].key is %d bytes, more than the %d allowed", ErrInvalidRequest, i, j, n, s.opts.MaxEntryBytes)
+			}
+			if n := len(e.GetValue()); n > s.opts.MaxEntryBytes {
+				return fmt.Errorf("%w: descriptors[%d].entries[%d].value is %d bytes, more than the %d allowed", ErrInvalidRequest, i, j, n, s.opts.MaxEntryBytes)
+			}
+		}
+		if h := d.GetHitsAddend(); h != nil && h.GetValue() > math.MaxUint32 {
+			return fmt.Errorf("%w: descriptors[%d].hits_addend %d is more than %d", ErrInvalidRequest, i, h.GetValue(), uint64(math.MaxUint32))
+		}
+		if ov := d.GetLimit(); ov != nil && config.Unit(ov.GetUnit()).Duration() == 0 {
+			return fmt.Errorf("%w: descriptors[%d].limit.unit %v is not a unit", ErrInvalidRequest, i, ov.GetUnit())
+		}
+	}
+	return nil
+}
+
+// plan matches every descriptor and fills items; replaced limits end as
+// noLimit. dom may be nil (unknown domain: nothing is limited, overrides
+// included, as envoyproxy/ratelimit does).
+func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []item) {
+	defaultHits := uint64(req.GetHitsAddend())
+	if defaultHits == 0 {
+		defaultHits = 1
+	}
+	var replaced map[string]struct{}
+	for i, d := range req.GetDescriptors() {
+		it := &items[i]
+		*it = item{hits: defaultHits, refund: d.GetIsNegativeHits()}
+		if h := d.GetHitsAddend(); h != nil {
+			it.hits = h.GetValue()
+		}
+		if dom == nil {
+			continue
+		}
+		if ov := d.GetLimit(); ov != nil {
+			// An override is counted on the descriptor's own entries; its
+			// value is not part of the key, so overrides cannot grow the
+			// key space, and it is never shadowed, replaced or named.
+			it.kind, it.override = counted, true
+			it.rpu, it.unit = ov.GetRequestsPerUnit(), config.Unit(ov.GetUnit())
+			it.windowUS = int64(it.unit.Duration() / 1000)
+			continue
+		}
+		r := dom.Match(d.GetEntries())
+		if r == nil || r.Limit == nil {
+			continue
+		}
+		l := r.Limit
+		for _, name := range l.Replaces {
+			if replaced == nil {
+				replaced = make(map[string]struct{}, len(l.Replaces))
+			}
+			replaced[name] = struct{}{}
+		}
+		it.rule, it.name = r, l.Name
+		it.shadow, it.quota = r.ShadowMode, r.QuotaMode
+		if l.Unlimited {
+			it.kind = unlimited
+			continue
+		}
+		it.kind = counted
+		it.rpu, it.unit = l.RequestsPerUnit, l.Unit
+		it.windowUS = int64(l.Unit.Duration() / 1000)
+	}
+	if replaced == nil {
+		return
+	}
+	for i := range items {
+		if items[i].name == "" {
+			continue
+		}
+		if _, ok := replaced[items[i].name]; ok {
+			items[i].kind = noLimit
+		}
+	}
+}
+
+// counterKey encodes the counter of a counted item. With share_threshold,
+// the level's wildcard pattern stands for the request's value, so every
+// matching value shares one counter.
+func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon.RateLimitDescriptor_Entry, it *item) string {
+	enc.Reset(s.opts.KeyPrefix, domain)
+	shared := false
+	for r := it.rule; r != nil; r = r.Parent() {
+		if r.ShareThreshold {
+			shared = true
+			break
+		}
+	}
+	if !shared {
+		for _, e := range ents {
+			enc.Entry(e.GetKey(), e.GetValue())
+		}
+		return enc.Key(limit.FixedWindowTag(it.windowUS))
+	}
+	levels := make([]*config.Rule, len(ents))
+	for r, j := it.rule, len(ents)-1; r != nil && j >= 0; r, j = r.Parent(), j-1 {
+		levels[j] = r
+	}
+	for j, e := range ents {
+		v := e.GetValue()
+		if levels[j] != nil && levels[j].ShareThreshold {
+			enc.SharedEntry(e.GetKey(), levels[j].Value)
+			continue
+		}
+		enc.Entry(e.GetKey(), v)
+	}
+	return enc.Key(limit.FixedWindowTag(it.windowUS))
+}

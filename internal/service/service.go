@@ -1,0 +1,148 @@
+// Package service decides Envoy RateLimitService requests: it validates a
+// request, matches each descriptor against the rules snapshot in force,
+// plans one counter per limited descriptor, answers counters known
+// exhausted from the local over-limit cache, and has the store decide the
+// rest in one atomic evaluation. It knows nothing of gRPC or HTTP.
+package service
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+)
+
+// Store evaluates one request's checks atomically and returns one Result
+// per check, in order.
+type Store interface {
+	Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error)
+}
+
+// Cache remembers counters known exhausted, under a given limit, until a
+// given local time.
+type Cache interface {
+	Blocked(key string, limit uint64, now time.Time) (until time.Time, ok bool)
+	Block(key string, limit uint64, until, now time.Time)
+	Forget(key string)
+	Clear()
+}
+
+// ErrInvalidRequest marks a request the service refuses to decide: empty
+// domain, no descriptors, or beyond the size bounds. The transports map it
+// to gRPC InvalidArgument and HTTP 400.
+var ErrInvalidRequest = errors.New("invalid request")
+
+// ErrNoRules is returned while no rules snapshot is in force.
+var ErrNoRules = errors.New("no rate limit rules loaded")
+
+// Defaults of the request bounds in [Options].
+const (
+	DefaultMaxDescriptors = 64
+	DefaultMaxEntries     = 32
+	DefaultMaxEntryBytes  = 4096
+)
+
+// Options configures a [Service]. The zero value is usable.
+type Options struct {
+	// KeyPrefix starts every counter key (e.g. "prod:"); changing it
+	// starts every counter afresh.
+	KeyPrefix string
+	// ShadowMode decides and reports every descriptor as usual but always
+	// answers the overall code OK.
+	ShadowMode bool
+	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset of the most constraining descriptor.
+	ResponseHeaders bool
+	// MaxDescriptors bounds the descriptors of one request. Zero means
+	// DefaultMaxDescriptors.
+	MaxDescriptors int
+	// MaxEntries bounds the entries of one descriptor. Zero means
+	// DefaultMaxEntries.
+	MaxEntries int
+	// MaxEntryBytes bounds each entry's key and value, in bytes. Zero
+	// means DefaultMaxEntryBytes.
+	MaxEntryBytes int
+	// Logger receives fail-open warnings (at most one a second) and, at
+	// debug level, one line per request. Nil discards.
+	Logger *slog.Logger
+	// Now is the service's clock, used only for local over-limit cache
+	// deadlines derived from durations the store returned; windows come
+	// from the store's clock. Nil means time.Now.
+	Now func() time.Time
+}
+
+// Service answers rate-limit requests. It is safe for concurrent use.
+type Service struct {
+	rules atomic.Pointer[config.Snapshot]
+	store Store
+	cache Cache
+	opts  Options
+	log   *slog.Logger
+	now   func() time.Time
+	stats Stats
+
+	lastFailLog atomic.Int64 // unix ns of the last fail-open log line
+}
+
+// New returns a service deciding with rules (which may be nil until
+// [Service.SetRules]), store and, when cache is not nil, a local
+// over-limit cache.
+func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Service {
+	if opts.MaxDescriptors <= 0 {
+		opts.MaxDescriptors = DefaultMaxDescriptors
+	}
+	if opts.MaxEntries <= 0 {
+		opts.MaxEntries = DefaultMaxEntries
+	}
+	if opts.MaxEntryBytes <= 0 {
+		opts.MaxEntryBytes = DefaultMaxEntryBytes
+	}
+	s := &Service{store: store, cache: cache, opts: opts, log: opts.Logger, now: opts.Now}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.rules.Store(rules)
+	return s
+}
+
+// SetRules puts a new snapshot in force for the requests that start after
+// it returns, and empties the over-limit cache: a changed limit makes its
+// entries suspect.
+func (s *Service) SetRules(rules *config.Snapshot) {
+	s.rules.Store(rules)
+	if s.cache != nil {
+		s.cache.Clear()
+	}
+}
+
+// Rules returns the snapshot in force.
+func (s *Service) Rules() *config.Snapshot { return s.rules.Load() }
+
+// Stats returns the service's counters.
+func (s *Service) Stats() *Stats { return &s.stats }
+
+// Stats counts decisions since the service started. Every field is safe
+// to read concurrently.
+type Stats struct {
+	// Requests is every request decided (invalid ones excluded).
+	Requests atomic.Int64
+	// OverLimit counts requests answered OVER_LIMIT overall.
+	OverLimit atomic.Int64
+	// LocalCacheHits counts descriptors answered from the over-limit cache.
+	LocalCacheHits atomic.Int64
+	// Shadow counts descriptors over their limit whose rule is in shadow
+	// mode, and requests over limit let through by global shadow mode.
+	Shadow atomic.Int64
+	// FailOpen counts descriptors answered OK because the store could not
+	// decide. Alert on it: while it grows, those limits do nothing.
+	FailOpen atomic.Int64
+	// StoreErrors counts failed store evaluations.
+	StoreErrors atomic.Int64
+}
