@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/memstore"
+	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/server"
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+// The stores and the cache the service is wired with.
+var (
+	_ service.Store = (*redisstore.Store)(nil)
+	_ service.Store = (*memstore.Store)(nil)
+	_ service.Cache = (*overlimitcache.Cache)(nil)
+)
+
+// run starts the service with args and the environment behind getenv, and
+// serves until ctx is done. Logs go to logOut.
+func run(ctx context.Context, args []string, getenv func(string) string, logOut io.Writer) error {
+	s, err := parseSettings(args, getenv, logOut)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	log := newLogger(s, logOut)
+	log.Info("starting", "version", version, "go", runtime.Version())
+
+	rules, err := config.Load(s.config)
+	if err != nil {
+		return fmt.Errorf("rules: %w", err)
+	}
+	log.Info("rules loaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
+
+	store, closeStore, err := newStore(ctx, s, log)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	var cache service.Cache
+	if s.localCacheSize > 0 {
+		cache = overlimitcache.New(int(s.localCacheSize))
+	}
+	svc := service.New(rules, store, cache, service.Options{
+		KeyPrefix:       s.keyPrefix,
+		ShadowMode:      s.shadowMode,
+		ResponseHeaders: bool(s.responseHeaders),
+		Logger:          log,
+	})
+
+	// Listen before serving so that a port in use is a startup error.
+	// net.Listen never sets SO_REUSEPORT: a second instance cannot
+	// silently take part of this one's traffic.
+	grpcLis, err := net.Listen("tcp", s.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("--grpc-addr: %w", err)
+	}
+	httpLis, err := net.Listen("tcp", s.httpAddr)
+	if err != nil {
+		grpcLis.Close()
+		return fmt.Errorf("--http-addr: %w", err)
+	}
+
+	reloadCtx, stopReload := context.WithCancel(ctx)
+	defer stopReload()
+	go reloadOnHUP(reloadCtx, s.config, svc, log)
+
+	srv := server.New(svc, server.Options{Logger: log, DrainDelay: s.drainDelay})
+	return srv.Serve(ctx, grpcLis, httpLis)
+}
+
+func newLogger(s *settings, out io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: s.logLevel}
+	if s.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(out, opts))
+	}
+	return slog.New(slog.NewTextHandler(out, opts))
+}
+
+// newStore returns the Redis store for --redis-url, or the embedded one.
+// A URL that does not parse is an error; a Redis that does not answer yet
+// is not: the service starts and uses it once it does.
+func newStore(ctx context.Context, s *settings, log *slog.Logger) (service.Store, func(), error) {
+	if s.redisURL == "" {
+		log.Warn("no --redis-url: using the embedded in-memory store; limits are per process, not shared between instances")
+		return memstore.New(memstore.Options{}), func() {}, nil
+	}
+	rs, err := redisstore.New(redisstore.Options{URL: s.redisURL, Timeout: s.redisTimeout})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := rs.Ping(ctx); err != nil {
+		log.Warn("redis does not answer yet; requests fail open until it does", "err", err)
+	} else {
+		log.Info("redis ready")
+	}
+	return rs, func() { _ = rs.Close() }, nil
+}
+
+// reloadOnHUP loads the rules again on SIGHUP and puts them in force if
+// they are valid; otherwise the rules in force stay and the error is
+// logged with every problem's file and line.
+func reloadOnHUP(ctx context.Context, path string, svc *service.Service, log *slog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		rules, err := config.Load(path)
+		if err != nil {
+			log.Error("rules reload failed; keeping the rules in force", "err", err, "hash", svc.Rules().Hash)
+			continue
+		}
+		svc.SetRules(rules)
+		log.Info("rules reloaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
+	}
+}

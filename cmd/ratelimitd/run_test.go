@@ -1,0 +1,399 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+)
+
+const testRules = `
+domain: e2e
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: a
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: b
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+  - key: c
+    rate_limit: {unit: day, requests_per_unit: 1000}
+  - key: many
+    rate_limit: {unit: second, requests_per_unit: 1000}
+`
+
+func writeRules(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+// syncBuffer is a log sink safe for the server's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type instance struct {
+	grpcAddr, httpAddr string
+	log                *syncBuffer
+	stop               func() error
+}
+
+// start runs the service with args (plus free listen addresses) until the
+// test ends, and waits until it answers health checks.
+func start(t *testing.T, getenv func(string) string, args ...string) *instance {
+	t.Helper()
+	in := &instance{grpcAddr: freeAddr(t), httpAddr: freeAddr(t), log: &syncBuffer{}}
+	args = append(args, "--grpc-addr", in.grpcAddr, "--http-addr", in.httpAddr)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, args, getenv, in.log) }()
+	var once sync.Once
+	var err error
+	in.stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(15 * time.Second):
+				err = fmt.Errorf("run did not return 15s after cancel")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() {
+		if err := in.stop(); err != nil {
+			t.Errorf("run: %v\n%s", err, in.log.String())
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + in.httpAddr + "/healthcheck")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return in
+			}
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("run exited early: %v\n%s", err, in.log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not healthy after 10s\n%s", in.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func dial(t testing.TB, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+func desc(kv ...string) *rlcommon.RateLimitDescriptor {
+	d := &rlcommon.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+func TestStartupErrors(t *testing.T) {
+	rules := writeRules(t, testRules)
+	bad := writeRules(t, "domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n")
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		wantErr string
+	}{
+		{"no config", nil, nil, "--config is required"},
+		{"missing rules file", []string{"--config", "/nonexistent/rules.yaml"}, nil, "rules: config: stat /nonexistent/rules.yaml"},
+		{"invalid rules", []string{"--config", bad}, nil, `rules.yaml:4: descriptors[0].rate_limit.unit: unknown unit "fortnight"`},
+		{"bad redis url", []string{"--config", rules, "--redis-url", "http://nope"}, nil, "redisstore: parse --redis-url"},
+		{"bad timeout flag", []string{"--config", rules, "--redis-timeout", "soon"}, nil, `invalid value "soon" for flag -redis-timeout`},
+		{"bad env", []string{"--config", rules}, map[string]string{"RATELIMITD_LOCAL_CACHE_SIZE": "lots"}, `RATELIMITD_LOCAL_CACHE_SIZE="lots"`},
+		{"bad log format", []string{"--config", rules, "--log-format", "xml"}, nil, "--log-format must be text or json"},
+		{"bad log level", []string{"--config", rules, "--log-level", "loud"}, nil, `invalid value "loud" for flag -log-level`},
+		{"stray argument", []string{"--config", rules, "serve"}, nil, `unexpected argument "serve"`},
+		{"grpc port in use", []string{"--config", rules, "--grpc-addr", busy.Addr().String(), "--http-addr", "127.0.0.1:0"}, nil, "--grpc-addr: listen tcp " + busy.Addr().String() + ": bind: address already in use"},
+		{"http port in use", []string{"--config", rules, "--grpc-addr", "127.0.0.1:0", "--http-addr", busy.Addr().String()}, nil, "--http-addr: listen tcp"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out syncBuffer
+			err := run(context.Background(), tt.args, env(tt.env), &out)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("err = %v, want it to contain %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestFlagWinsOverEnv(t *testing.T) {
+	var out syncBuffer
+	s, err := parseSettings([]string{"--key-prefix", "flag:", "--response-headers"},
+		env(map[string]string{"RATELIMITD_KEY_PREFIX": "env:", "RATELIMITD_CONFIG": "r.yaml", "RATELIMITD_LOCAL_CACHE_SIZE": "64MiB", "RATELIMITD_REDIS_TIMEOUT": "20ms"}), &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.keyPrefix != "flag:" || s.config != "r.yaml" || s.localCacheSize != 64<<20 || !bool(s.responseHeaders) || s.redisTimeout != 20*time.Millisecond {
+		t.Errorf("settings = %+v", s)
+	}
+}
+
+func TestEmbeddedStoreEndToEnd(t *testing.T) {
+	in := start(t, env(nil), "--config", writeRules(t, testRules), "--response-headers")
+	if !strings.Contains(in.log.String(), "embedded in-memory store; limits are per process") {
+		t.Errorf("no per-process warning in the log:\n%s", in.log.String())
+	}
+	cc := dial(t, in.grpcAddr)
+	client := rlsv3.NewRateLimitServiceClient(cc)
+	ctx := context.Background()
+	for i := range 11 {
+		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "e2e", Descriptors: []*rlcommon.RateLimitDescriptor{desc("user", "u")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := rlsv3.RateLimitResponse_OK
+		if i == 10 {
+			want = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if resp.GetOverallCode() != want || len(resp.GetResponseHeadersToAdd()) != 3 {
+			t.Fatalf("call %d: %v", i, resp)
+		}
+	}
+	// Errors carry a code and a message naming the problem.
+	_, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Descriptors: []*rlcommon.RateLimitDescriptor{desc("user", "u")}})
+	if err == nil || !strings.Contains(err.Error(), "code = InvalidArgument desc = invalid request: domain must not be empty") {
+		t.Errorf("empty domain: %v", err)
+	}
+	// Health for the names Envoy setups use.
+	hc := healthpb.NewHealthClient(cc)
+	for _, name := range []string{"", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"} {
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health %q = %v, %v", name, r, err)
+		}
+	}
+	// Reflection lists the RLS service, so grpcurl works.
+	stream, err := reflectpb.NewServerReflectionClient(cc).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectpb.ServerReflectionRequest{MessageRequest: &reflectpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	rr, err := stream.Recv()
+	if err != nil || !strings.Contains(rr.String(), "envoy.service.ratelimit.v3.RateLimitService") {
+		t.Errorf("reflection = %v, %v", rr, err)
+	}
+	stream.CloseSend()
+	// The same decision over HTTP.
+	body := `{"domain":"e2e","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}`
+	resp, err := http.Post("http://"+in.httpAddr+"/json", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("/json = %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	if err := in.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.Get("http://" + in.httpAddr + "/healthcheck"); err == nil {
+		t.Error("still serving HTTP after shutdown")
+	}
+}
+
+// awayFromHourBoundary waits, if needed, until Redis's clock is at least
+// margin from the next hour, so that a test's counters stay in one window.
+func awayFromHourBoundary(t *testing.T, srv *redistest.Server, margin time.Duration) {
+	t.Helper()
+	now, err := srv.Client().Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := now.Truncate(time.Hour).Add(time.Hour).Sub(now); left < margin {
+		time.Sleep(left + time.Second)
+	}
+}
+
+// TestConcurrentExactLimit fires 200 requests at once over 20 gRPC
+// connections at one counter with a limit of 10: exactly 10 may pass,
+// every round, with 1 descriptor per request and with 3.
+func TestConcurrentExactLimit(t *testing.T) {
+	srv := redistest.Start(t)
+	in := start(t, env(map[string]string{"RATELIMITD_REDIS_URL": srv.URL()}), "--config", writeRules(t, testRules), "--redis-timeout", "2s")
+	conns := make([]rlsv3.RateLimitServiceClient, 20)
+	for i := range conns {
+		conns[i] = rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
+	}
+	for _, descs := range []int{1, 3} {
+		for round := range 5 {
+			awayFromHourBoundary(t, srv, 10*time.Second)
+			id := fmt.Sprintf("%d-%d", descs, round)
+			req := &rlsv3.RateLimitRequest{Domain: "e2e", Descriptors: []*rlcommon.RateLimitDescriptor{desc("a", id)}}
+			if descs == 3 {
+				req.Descriptors = append(req.Descriptors, desc("b", id), desc("c", id))
+			}
+			var ok, over atomic.Int64
+			var wg sync.WaitGroup
+			startGun := make(chan struct{})
+			for i := range 200 {
+				wg.Go(func() {
+					<-startGun
+					resp, err := conns[i%len(conns)].ShouldRateLimit(context.Background(), req)
+					switch {
+					case err != nil:
+						t.Error(err)
+					case resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
+						ok.Add(1)
+					default:
+						over.Add(1)
+					}
+				})
+			}
+			close(startGun)
+			wg.Wait()
+			if ok.Load() != 10 || over.Load() != 190 {
+				t.Errorf("%d descriptors, round %d: %d OK, %d over, want exactly 10 OK", descs, round, ok.Load(), over.Load())
+			}
+			if descs == 3 {
+				// The 190 rejected requests consumed nothing of b and c.
+				vals, err := srv.Client().Keys(context.Background(), "*"+id+"*").Result()
+				if err != nil || len(vals) != 3 {
+					t.Fatalf("keys for %s = %v, %v", id, vals, err)
+				}
+				for _, k := range vals {
+					v := srv.Client().Get(context.Background(), k).Val()
+					if !strings.HasSuffix(v, ":10") {
+						t.Errorf("%s = %q, want a count of 10", k, v)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestEveryKeyHasTTL runs traffic on many keys and then checks every key
+// in the Redis database has an expiry, and measures the Redis commands per
+// request.
+func TestEveryKeyHasTTL(t *testing.T) {
+	srv := redistest.Start(t)
+	in := start(t, env(nil), "--config", writeRules(t, testRules), "--redis-url", srv.URL(), "--redis-timeout", "2s")
+	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
+	ctx := context.Background()
+	// Commands per request, from INFO commandstats (commands a script
+	// runs count too), for 1 and then 3 descriptors.
+	const n = 150
+	for _, descs := range []int{1, 3} {
+		before, err := srv.CommandStats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			v := fmt.Sprint(descs, "-", i)
+			req := &rlsv3.RateLimitRequest{Domain: "e2e", Descriptors: []*rlcommon.RateLimitDescriptor{desc("many", v)}}
+			if descs == 3 {
+				req.Descriptors = append(req.Descriptors, desc("b", v), desc("c", v))
+			}
+			if _, err := client.ShouldRateLimit(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		after, err := srv.CommandStats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := func(cmd string) float64 { return float64(after[cmd]-before[cmd]) / n }
+		if per("evalsha")+per("eval") != 1 {
+			t.Errorf("%d descriptors: %.2f script calls per request, want exactly 1", descs, per("evalsha")+per("eval"))
+		}
+		// info itself is the one command outside the requests.
+		var total int64
+		for cmd, calls := range after {
+			if cmd != "info" {
+				total += calls - before[cmd]
+			}
+		}
+		t.Logf("%d descriptor(s) per request: %.2f commands per request: evalsha %.2f (round trips), in the script: time %.2f, get %.2f, set %.2f",
+			descs, float64(total)/n, per("evalsha"), per("time"), per("get"), per("set"))
+		if got := per("get"); got != float64(descs) {
+			t.Errorf("%d descriptors: %.2f GET per request", descs, got)
+		}
+	}
+	rdb := srv.Client()
+	keys, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) < 4*n {
+		t.Fatalf("%d keys after %d requests", len(keys), 2*n)
+	}
+	for _, k := range keys {
+		if ttl := rdb.PTTL(ctx, k).Val(); ttl <= 0 {
+			t.Errorf("key %q has TTL %v", k, ttl)
+		}
+	}
+}

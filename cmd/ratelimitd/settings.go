@@ -1,0 +1,128 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+)
+
+// envPrefix starts the environment variable that mirrors each flag:
+// --redis-url is RATELIMITD_REDIS_URL.
+const envPrefix = "RATELIMITD_"
+
+// settings are the process settings; the rules live in --config.
+type settings struct {
+	config          string
+	redisURL        string
+	grpcAddr        string
+	httpAddr        string
+	localCacheSize  byteSize
+	shadowMode      bool
+	responseHeaders headersFlag
+	redisTimeout    time.Duration
+	keyPrefix       string
+	logLevel        slog.Level
+	logFormat       string
+	drainDelay      time.Duration
+}
+
+func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("ratelimitd", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&s.config, "config", "", "rules: a YAML file, or a directory of *.yaml/*.yml files (required)")
+	fs.StringVar(&s.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://); empty: the embedded in-memory store, limits per process")
+	fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081", "gRPC listen address")
+	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address (/json, /healthcheck, /rlconfig)")
+	fs.Var(&s.localCacheSize, "local-cache-size", "bytes of local over-limit cache (e.g. 0, 1048576, 64MiB); 0 turns it off")
+	fs.BoolVar(&s.shadowMode, "shadow-mode", false, "global shadow mode: decide and count, but always answer OK overall")
+	fs.Var(&s.responseHeaders, "response-headers", "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to responses (true|false)")
+	fs.DurationVar(&s.redisTimeout, "redis-timeout", redisstore.DefaultTimeout, "bound on each Redis call; a shorter gRPC deadline wins")
+	fs.StringVar(&s.keyPrefix, "key-prefix", "", "prefix of every Redis key; changing it starts every counter afresh")
+	fs.TextVar(&s.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	fs.StringVar(&s.logFormat, "log-format", "text", "text or json")
+	fs.DurationVar(&s.drainDelay, "drain-delay", 0, "on SIGTERM, keep serving this long with health NOT_SERVING before stopping")
+	return fs
+}
+
+// parseSettings reads the environment, then the flags, which win.
+func parseSettings(args []string, getenv func(string) string, out io.Writer) (*settings, error) {
+	s := &settings{}
+	fs := newFlagSet(s, out)
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envPrefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(name); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	})
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q (flags only; see -h)", fs.Arg(0))
+	}
+	switch {
+	case s.config == "":
+		return nil, errors.New("--config is required (a rules file or directory; env " + envPrefix + "CONFIG)")
+	case s.redisTimeout <= 0:
+		return nil, fmt.Errorf("--redis-timeout must be positive, got %v", s.redisTimeout)
+	case s.logFormat != "text" && s.logFormat != "json":
+		return nil, fmt.Errorf("--log-format must be text or json, got %q", s.logFormat)
+	case s.drainDelay < 0:
+		return nil, fmt.Errorf("--drain-delay must not be negative, got %v", s.drainDelay)
+	}
+	return s, nil
+}
+
+// byteSize is a byte count with an optional KiB, MiB or GiB suffix.
+type byteSize int
+
+func (b *byteSize) String() string { return strconv.Itoa(int(*b)) }
+
+func (b *byteSize) Set(s string) error {
+	mult := 1
+	num := strings.TrimSpace(s)
+	for _, u := range []struct {
+		suffix string
+		mult   int
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if v, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, mult = strings.TrimSpace(v), u.mult
+			break
+		}
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n < 0 || n > (1<<40)/mult {
+		return fmt.Errorf("want a byte count such as 0, 1048576 or 64MiB, got %q", s)
+	}
+	*b = byteSize(n * mult)
+	return nil
+}
+
+// headersFlag turns response headers on. A bare --response-headers means
+// on.
+type headersFlag bool
+
+func (h *headersFlag) String() string   { return strconv.FormatBool(bool(*h)) }
+func (h *headersFlag) IsBoolFlag() bool { return true }
+
+func (h *headersFlag) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return fmt.Errorf("want true or false, got %q", s)
+	}
+	*h = headersFlag(v)
+	return nil
+}

@@ -1,0 +1,82 @@
+package server
+
+import (
+	"errors"
+	"io"
+	"net/http"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+// MaxJSONBody bounds a /json request body.
+const MaxJSONBody = 1 << 20
+
+func (s *Server) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /json", s.handleJSON)
+	mux.HandleFunc("GET /healthcheck", s.handleHealth)
+	mux.HandleFunc("GET /rlconfig", s.handleRules)
+	return mux
+}
+
+// handleJSON decides a protojson RateLimitRequest: 200 with the response
+// when OK, 429 when OVER_LIMIT, 400 for a malformed or invalid request,
+// 503 while no rules are loaded.
+func (s *Server) handleJSON(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+	if err != nil {
+		http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	var req rlsv3.RateLimitRequest
+	if err := protojson.Unmarshal(body, &req); err != nil {
+		http.Error(w, "invalid RateLimitRequest JSON: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	resp, err := s.dec.ShouldRateLimit(r.Context(), &req)
+	switch {
+	case errors.Is(err, service.ErrInvalidRequest):
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	case errors.Is(err, service.ErrNoRules):
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	out, err := protojson.Marshal(resp)
+	if err != nil {
+		http.Error(w, "encoding response: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+		w.WriteHeader(http.StatusTooManyRequests)
+	}
+	_, _ = w.Write(out)
+}
+
+// handleHealth answers 200 OK while serving, 503 once shutdown began.
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	if !s.serving() {
+		http.Error(w, "shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = io.WriteString(w, "OK\n")
+}
+
+// handleRules shows the rules in force, one line per limited rule.
+func (s *Server) handleRules(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	rules := s.dec.Rules()
+	if rules == nil {
+		http.Error(w, service.ErrNoRules.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = io.WriteString(w, "# rules hash "+rules.Hash+"\n")
+	_, _ = io.WriteString(w, rules.Dump())
+}

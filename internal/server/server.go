@@ -1,0 +1,201 @@
+// Package server carries the rate-limit service over gRPC
+// (envoy.service.ratelimit.v3.RateLimitService, grpc.health.v1 and server
+// reflection) and HTTP (/json, /healthcheck, /rlconfig), and owns their
+// lifecycle: start, serve, drain, stop.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+// Decider is what the transports need of the service.
+type Decider interface {
+	ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error)
+	Rules() *config.Snapshot
+}
+
+// HealthServices are the gRPC health service names answered: the overall
+// server (""), the RLS service's full name, and "ratelimit", the name
+// envoyproxy/ratelimit's health checks use.
+var HealthServices = []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName, "ratelimit"}
+
+// DefaultShutdownTimeout bounds the graceful stop when
+// [Options.ShutdownTimeout] is zero.
+const DefaultShutdownTimeout = 10 * time.Second
+
+// Options configures a [Server].
+type Options struct {
+	// Logger receives lifecycle lines. Nil discards.
+	Logger *slog.Logger
+	// DrainDelay is how long the server keeps serving, while health
+	// answers NOT_SERVING, before it stops accepting: time for load
+	// balancers to notice. Zero means no delay.
+	DrainDelay time.Duration
+	// ShutdownTimeout bounds the wait for in-flight calls once draining
+	// ends; calls still running then are cut. Zero means
+	// DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+	// GRPCOptions are added to the gRPC server's options (TLS, message
+	// sizes, keepalive).
+	GRPCOptions []grpc.ServerOption
+}
+
+// Server serves one [Decider] over gRPC and HTTP.
+type Server struct {
+	dec    Decider
+	opts   Options
+	log    *slog.Logger
+	grpc   *grpc.Server
+	health *health.Server
+	http   *http.Server
+
+	mu       sync.Mutex
+	draining bool
+}
+
+// New builds the servers; nothing listens until [Server.Serve].
+func New(dec Decider, opts Options) *Server {
+	s := &Server{dec: dec, opts: opts, log: opts.Logger, health: health.NewServer()}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.opts.ShutdownTimeout <= 0 {
+		s.opts.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	s.grpc = grpc.NewServer(opts.GRPCOptions...)
+	rlsv3.RegisterRateLimitServiceServer(s.grpc, &rls{dec: dec})
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	s.http = &http.Server{
+		Handler:           s.httpHandler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	return s
+}
+
+// Serve serves on the two listeners until ctx is done or one of them
+// fails, then shuts down as [Server.Shutdown] describes. It returns nil
+// after a shutdown caused by ctx.
+func (s *Server) Serve(ctx context.Context, grpcLis, httpLis net.Listener) error {
+	for _, name := range HealthServices {
+		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	errc := make(chan error, 2) // one slot per serving goroutine, so neither blocks on exit
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := s.grpc.Serve(grpcLis); err != nil {
+			errc <- fmt.Errorf("grpc: %w", err)
+		}
+	})
+	wg.Go(func() {
+		if err := s.http.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("http: %w", err)
+		}
+	})
+	s.log.Info("serving", "grpc_addr", grpcLis.Addr().String(), "http_addr", httpLis.Addr().String())
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	s.Shutdown()
+	wg.Wait()
+	return err
+}
+
+// Shutdown stops serving in this order: gRPC health and /healthcheck
+// report NOT_SERVING; the server keeps answering for DrainDelay; then
+// gRPC stops gracefully and HTTP shuts down, both waiting for in-flight
+// calls up to ShutdownTimeout, after which remaining calls are cut. The
+// store is the caller's to close, after Shutdown returns. It is safe to
+// call more than once.
+func (s *Server) Shutdown() {
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		return
+	}
+	s.draining = true
+	s.mu.Unlock()
+	s.health.Shutdown()
+	if s.opts.DrainDelay > 0 {
+		s.log.Info("draining", "delay", s.opts.DrainDelay)
+		time.Sleep(s.opts.DrainDelay)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(stopped)
+	}()
+	if err := s.http.Shutdown(ctx); err != nil {
+		s.log.Warn("http shutdown cut in-flight requests", "err", err)
+		_ = s.http.Close()
+	}
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		s.log.Warn("grpc graceful stop timed out; cutting in-flight calls", "timeout", s.opts.ShutdownTimeout)
+		s.grpc.Stop()
+		<-stopped
+	}
+	s.log.Info("stopped")
+}
+
+func (s *Server) serving() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.draining
+}
+
+// rls adapts the Decider to the generated gRPC service.
+type rls struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	dec Decider
+}
+
+func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp, err := r.dec.ShouldRateLimit(ctx, req)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return resp, nil
+}
+
+// grpcError gives each service error its gRPC code: a bad request is the
+// caller's to fix (InvalidArgument), missing rules are ours (Unavailable),
+// never the incumbent's catch-all Unknown.
+func grpcError(err error) error {
+	switch {
+	case errors.Is(err, service.ErrInvalidRequest):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, service.ErrNoRules):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
