@@ -28,9 +28,12 @@ type Rule struct {
 	Key   string
 	Value string // empty for a key-only rule
 	// Limit is nil for a node that only groups children (or whitelists).
-	Limit          *RateLimit
-	ShadowMode     bool
-	QuotaMode      bool
+	Limit      *RateLimit
+	ShadowMode bool
+	QuotaMode  bool
+	// FailureMode is how the rule is answered when the store cannot
+	// decide; FailureUnset defers to the service's global mode.
+	FailureMode    FailureMode
 	DetailedMetric bool
 	ValueToMetric  bool
 	// ShareThreshold makes every value matching a wildcard share one counter.
@@ -49,6 +52,42 @@ type Rule struct {
 	depth    int // 1 for a top-level rule
 	wildcard []string
 	children *level
+}
+
+// FailureMode says how a rule is answered when the store cannot decide.
+type FailureMode uint8
+
+// The failure modes. The zero value defers to the global mode.
+const (
+	FailureUnset FailureMode = iota
+	// FailureAllow answers OK (fail open): right for browsing, where an
+	// outage of the limiter must not become an outage of the site.
+	FailureAllow
+	// FailureDeny answers OVER_LIMIT (fail closed): right for logins and
+	// one-time codes, where an unlimited window is an attack window.
+	FailureDeny
+)
+
+// ParseFailureMode parses "allow" or "deny".
+func ParseFailureMode(s string) (FailureMode, error) {
+	switch s {
+	case "allow":
+		return FailureAllow, nil
+	case "deny":
+		return FailureDeny, nil
+	}
+	return FailureUnset, fmt.Errorf("unknown failure_mode %q (want allow or deny)", s)
+}
+
+// String returns the name used in rules files.
+func (f FailureMode) String() string {
+	switch f {
+	case FailureAllow:
+		return "allow"
+	case FailureDeny:
+		return "deny"
+	}
+	return "unset"
 }
 
 // Parent returns the rule one level up, or nil for a top-level rule.
@@ -120,7 +159,11 @@ func (s *Snapshot) Dump() string {
 			if l.Name != "" {
 				fmt.Fprintf(&b, " name=%q", l.Name)
 			}
-			fmt.Fprintf(&b, " shadow_mode=%t quota_mode=%t (%s:%d)\n", r.ShadowMode, r.QuotaMode, r.File, r.Line)
+			fmt.Fprintf(&b, " shadow_mode=%t quota_mode=%t", r.ShadowMode, r.QuotaMode)
+			if r.FailureMode != FailureUnset {
+				fmt.Fprintf(&b, " failure_mode=%s", r.FailureMode)
+			}
+			fmt.Fprintf(&b, " (%s:%d)\n", r.File, r.Line)
 		}
 	}
 	return b.String()

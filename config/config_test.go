@@ -37,6 +37,7 @@ func TestBadConfigs(t *testing.T) {
 		{"multi_doc.bad.yaml", []string{":4: a second YAML document"}},
 		{"bad_bool.bad.yaml", []string{`:4: descriptors[0].shadow_mode: want true or false, got str "yes please"`}},
 		{"empty.bad.yaml", []string{"empty.bad.yaml: empty file"}},
+		{"bad_failure_mode.bad.yaml", []string{`:4: descriptors[0].failure_mode: unknown failure_mode "closed" (want allow or deny)`}},
 		{"many_errors.bad.yaml", []string{`:5: descriptors[0].rate_limit.unit: unknown unit "fortnight"`,
 			":6: descriptors[0].rate_limit.requests_per_unit: -3 is out of range", ":7: descriptors[1].key: missing or empty key"}},
 	}
@@ -135,6 +136,12 @@ func TestGoodConfig(t *testing.T) {
 	sh := d.Match(entries("shadow", "v"))
 	if !sh.ShadowMode || !sh.DetailedMetric || sh.Metadata["team"] != "payments" {
 		t.Errorf("shadow rule = %+v", sh)
+	}
+	if fm := d.Match(entries("key2", "x")).FailureMode; fm != FailureDeny {
+		t.Errorf("key2 failure_mode = %v, want deny", fm)
+	}
+	if fm := d.Match(entries("key1", "value1")).FailureMode; fm != FailureUnset {
+		t.Errorf("key1 failure_mode = %v, want unset", fm)
 	}
 	if !d.Match(entries("key3", "/api/x")).ShareThreshold {
 		t.Error("share_threshold lost")

@@ -197,7 +197,7 @@ func (p *parser) descriptors(n *yaml.Node, path string, d *Domain, parent *Rule)
 
 func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule {
 	f := p.fields(n, path, "key", "value", "rate_limit", "descriptors", "shadow_mode",
-		"quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata")
+		"quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "failure_mode")
 	if f == nil {
 		return nil
 	}
@@ -233,6 +233,15 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 	r.ShareThreshold = p.boolean(f["share_threshold"], path+".share_threshold")
 	if r.ShareThreshold && r.wildcard == nil {
 		p.errorf(f["share_threshold"], path+".share_threshold", "share_threshold needs a wildcard value (containing '*'), got %q", r.Value)
+	}
+	if v, ok := f["failure_mode"]; ok {
+		if s, ok := p.str(v, path+".failure_mode"); ok {
+			fm, err := ParseFailureMode(s)
+			if err != nil {
+				p.errorf(v, path+".failure_mode", "%v", err)
+			}
+			r.FailureMode = fm
+		}
 	}
 	if v, ok := f["metadata"]; ok {
 		var m map[string]any

@@ -10,7 +10,9 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
 // checkState is what the service knows of one check besides the check.
@@ -29,7 +31,9 @@ type checkState struct {
 // consumes. Errors are ErrInvalidRequest or ErrNoRules; a store failure is
 // not an error but answered by policy (OK, counted in Stats.FailOpen).
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := time.Now()
 	if err := s.validate(req); err != nil {
+		s.m.InvalidRequest()
 		return nil, err
 	}
 	rules := s.rules.Load()
@@ -39,13 +43,18 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	s.stats.Requests.Add(1)
 	descs := req.GetDescriptors()
 	items := make([]item, len(descs))
-	s.plan(req, rules.Domain(req.GetDomain()), items)
+	dom := rules.Domain(req.GetDomain())
+	if dom == nil {
+		s.m.UnknownDomainRequest()
+	}
+	s.plan(req, dom, items)
 
 	checks, states := s.buildChecks(req, items)
 	if len(checks) > 0 {
 		s.evaluate(ctx, checks, states)
 	}
-	resp := s.respond(items, checks, states)
+	resp := s.respond(req.GetDomain(), items, checks, states)
+	s.m.Request(resp.GetOverallCode().String(), time.Since(start))
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "decision", "domain", req.GetDomain(), "descriptors", len(descs),
 			"checks", len(checks), "code", resp.GetOverallCode().String())
@@ -142,7 +151,7 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 			return
 		}
 	}
-	res, err := s.store.Evaluate(ctx, send)
+	res, err := s.storeEvaluate(ctx, send)
 	if err != nil {
 		s.stats.StoreErrors.Add(1)
 		s.logFailure(ctx, err, len(send))
@@ -173,6 +182,26 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 	}
 }
 
+// ErrNoTime is the store error when the caller's deadline leaves less than
+// the margin: there is no time to ask the store and still answer in time.
+var ErrNoTime = errors.New("service: caller deadline leaves no time for the store")
+
+// storeEvaluate bounds the store call so that it ends DeadlineMargin
+// before the caller's deadline; the store applies its own timeout too,
+// and the shorter wins.
+func (s *Service) storeEvaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		budget := time.Until(dl) - s.opts.DeadlineMargin
+		if budget <= 0 {
+			return nil, ErrNoTime
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, budget)
+		defer cancel()
+	}
+	return s.store.Evaluate(ctx, checks)
+}
+
 // logFailure logs a store failure at most once a second, so an outage
 // cannot flood the log; Stats counts every one.
 func (s *Service) logFailure(ctx context.Context, err error, checks int) {
@@ -181,13 +210,14 @@ func (s *Service) logFailure(ctx context.Context, err error, checks int) {
 	if now-last < int64(time.Second) || !s.lastFailLog.CompareAndSwap(last, now) {
 		return
 	}
-	s.log.WarnContext(ctx, "store could not decide; answering OK (fail open)",
-		"err", err, "checks", checks, "fail_open_total", s.stats.FailOpen.Load()+int64(checks),
-		"deadline_exceeded", errors.Is(err, context.DeadlineExceeded))
+	s.log.WarnContext(ctx, "store could not decide; answering by failure_mode",
+		"err", err, "checks", checks, "fail_open_total", s.stats.FailOpen.Load(),
+		"fail_closed_total", s.stats.FailClosed.Load(), "default_failure_mode", s.opts.FailureMode.String())
 }
 
-// respond builds the response from the decided items.
-func (s *Service) respond(items []item, checks []limit.Check, states []checkState) *rlsv3.RateLimitResponse {
+// respond builds the response from the decided items and counts each
+// decision.
+func (s *Service) respond(domain string, items []item, checks []limit.Check, states []checkState) *rlsv3.RateLimitResponse {
 	now := s.now()
 	statuses := make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))
 	overLimit, quotaTotal, quotaOver := false, 0, 0
@@ -200,6 +230,7 @@ func (s *Service) respond(items []item, checks []limit.Check, states []checkStat
 			continue
 		case unlimited:
 			st.LimitRemaining = math.MaxUint32
+			s.m.Decision(domain, it.label, metrics.OutcomeUnlimited)
 			continue
 		}
 		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
@@ -208,14 +239,13 @@ func (s *Service) respond(items []item, checks []limit.Check, states []checkStat
 			Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(it.unit),
 		}
 		cs := &states[it.check]
-		over := false
+		over, outcome := false, metrics.OutcomeOK
 		switch {
 		case cs.cached:
-			over = true
+			over, outcome = true, metrics.OutcomeLocalCache
 			st.DurationUntilReset = ceilSeconds(cs.until.Sub(now))
 		case cs.failed:
-			s.stats.FailOpen.Add(1)
-			continue
+			over, outcome = s.failureAnswer(it)
 		default:
 			ch := &checks[it.check]
 			if !ch.Refund && !it.refund {
@@ -224,19 +254,25 @@ func (s *Service) respond(items []item, checks []limit.Check, states []checkStat
 					over = cs.res.Count+cs.hits > ch.Limit
 				}
 			}
-			if !over {
+			if over {
+				outcome = metrics.OutcomeOverLimit
+			} else {
 				st.LimitRemaining = remaining(cs.res.Count, it.rpu)
+				if float64(cs.res.Count) >= s.opts.NearLimitRatio*float64(it.rpu) {
+					outcome = metrics.OutcomeNearLimit
+				}
 			}
 			st.DurationUntilReset = ceilSeconds(time.Duration(cs.res.ResetUS) * time.Microsecond)
 		}
 		if it.quota {
 			quotaTotal++
 		}
-		if !over {
-			continue
-		}
-		if it.shadow {
+		if over && it.shadow {
 			s.stats.Shadow.Add(1)
+			over, outcome = false, metrics.OutcomeShadow
+		}
+		s.m.Decision(domain, it.label, outcome)
+		if !over {
 			continue
 		}
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -260,6 +296,21 @@ func (s *Service) respond(items []item, checks []limit.Check, states []checkStat
 		resp.ResponseHeadersToAdd = headers(items, statuses, states)
 	}
 	return resp
+}
+
+// failureAnswer decides an item the store could not: its rule's
+// failure_mode, else the global one. A refund is never denied.
+func (s *Service) failureAnswer(it *item) (over bool, outcome string) {
+	mode := it.failure
+	if mode == config.FailureUnset {
+		mode = s.opts.FailureMode
+	}
+	if mode == config.FailureDeny && !it.refund {
+		s.stats.FailClosed.Add(1)
+		return true, metrics.OutcomeFailClosed
+	}
+	s.stats.FailOpen.Add(1)
+	return false, metrics.OutcomeFailOpen
 }
 
 func remaining(count uint64, rpu uint32) uint32 {

@@ -25,6 +25,8 @@ type item struct {
 	quota    bool
 	check    int // index into the request's checks when kind == counted
 	override bool
+	failure  config.FailureMode
+	label    string // the rule label of metrics: the limit's name, else the rule's path
 }
 
 type itemKind uint8
@@ -99,7 +101,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 			// An override is counted on the descriptor's own entries; its
 			// value is not part of the key, so overrides cannot grow the
 			// key space, and it is never shadowed, replaced or named.
-			it.kind, it.override = counted, true
+			it.kind, it.override, it.label = counted, true, "override"
 			it.rpu, it.unit = ov.GetRequestsPerUnit(), config.Unit(ov.GetUnit())
 			it.windowUS = int64(it.unit.Duration() / 1000)
 			continue
@@ -115,8 +117,11 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 			}
 			replaced[name] = struct{}{}
 		}
-		it.rule, it.name = r, l.Name
-		it.shadow, it.quota = r.ShadowMode, r.QuotaMode
+		it.rule, it.name, it.label = r, l.Name, l.Name
+		if it.label == "" {
+			it.label = r.Path
+		}
+		it.shadow, it.quota, it.failure = r.ShadowMode, r.QuotaMode, r.FailureMode
 		if l.Unlimited {
 			it.kind = unlimited
 			continue

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
 // Store evaluates one request's checks atomically and returns one Result
@@ -44,6 +45,9 @@ const (
 	DefaultMaxDescriptors = 64
 	DefaultMaxEntries     = 32
 	DefaultMaxEntryBytes  = 4096
+	// DefaultDeadlineMargin leaves time to answer before a caller's
+	// deadline (Envoy's filter timeout is 20ms by default).
+	DefaultDeadlineMargin = 2 * time.Millisecond
 )
 
 // Options configures a [Service]. The zero value is usable.
@@ -66,6 +70,18 @@ type Options struct {
 	// MaxEntryBytes bounds each entry's key and value, in bytes. Zero
 	// means DefaultMaxEntryBytes.
 	MaxEntryBytes int
+	// FailureMode answers the descriptors whose rule sets no failure_mode
+	// when the store cannot decide. Zero means config.FailureAllow.
+	FailureMode config.FailureMode
+	// DeadlineMargin is kept free of a caller's deadline for answering:
+	// the store call must end that long before the caller gives up. Zero
+	// means DefaultDeadlineMargin.
+	DeadlineMargin time.Duration
+	// NearLimitRatio marks an OK decision near_limit in metrics when the
+	// counter reaches this share of its limit. Zero means 0.8.
+	NearLimitRatio float64
+	// Metrics receives decision counters. Nil records nothing.
+	Metrics *metrics.Metrics
 	// Logger receives fail-open warnings (at most one a second) and, at
 	// debug level, one line per request. Nil discards.
 	Logger *slog.Logger
@@ -84,6 +100,7 @@ type Service struct {
 	log   *slog.Logger
 	now   func() time.Time
 	stats Stats
+	m     *metrics.Metrics
 
 	lastFailLog atomic.Int64 // unix ns of the last fail-open log line
 }
@@ -101,7 +118,16 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	if opts.MaxEntryBytes <= 0 {
 		opts.MaxEntryBytes = DefaultMaxEntryBytes
 	}
-	s := &Service{store: store, cache: cache, opts: opts, log: opts.Logger, now: opts.Now}
+	if opts.FailureMode == config.FailureUnset {
+		opts.FailureMode = config.FailureAllow
+	}
+	if opts.DeadlineMargin <= 0 {
+		opts.DeadlineMargin = DefaultDeadlineMargin
+	}
+	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
+		opts.NearLimitRatio = 0.8
+	}
+	s := &Service{store: store, cache: cache, opts: opts, log: opts.Logger, now: opts.Now, m: opts.Metrics}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -143,6 +169,9 @@ type Stats struct {
 	// FailOpen counts descriptors answered OK because the store could not
 	// decide. Alert on it: while it grows, those limits do nothing.
 	FailOpen atomic.Int64
+	// FailClosed counts descriptors answered OVER_LIMIT because the store
+	// could not decide and their rule says failure_mode: deny.
+	FailClosed atomic.Int64
 	// StoreErrors counts failed store evaluations.
 	StoreErrors atomic.Int64
 }

@@ -13,11 +13,13 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
@@ -56,6 +58,12 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1}
   - key: whitelisted
     value: me
+  - key: login
+    failure_mode: deny
+    rate_limit: {unit: minute, requests_per_unit: 5, name: login}
+  - key: browse
+    failure_mode: allow
+    rate_limit: {unit: minute, requests_per_unit: 5}
   - key: parent
     value: p
     rate_limit: {unit: minute, requests_per_unit: 10}
@@ -420,19 +428,109 @@ func TestQuotaMode(t *testing.T) {
 	}
 }
 
-func TestFailOpen(t *testing.T) {
+func TestFailurePolicy(t *testing.T) {
 	cs := &countingStore{Store: memstore.New(memstore.Options{})}
 	cs.fail.Store(true)
-	s := service.New(rules(t), cs, nil, service.Options{ResponseHeaders: true})
-	r := call(t, s, request(desc("zero", "x"), desc("nope", "y")))
-	if codes(r) != "OK OK OK" {
-		t.Fatalf("store down = %v, want fail open", codes(r))
+	m := metrics.New("test")
+	s := service.New(rules(t), cs, nil, service.Options{ResponseHeaders: true, Metrics: m})
+	r := call(t, s, request(desc("zero", "x"), desc("nope", "y"), desc("login", "u")))
+	if codes(r) != "OVER_LIMIT OK OK OVER_LIMIT" {
+		t.Fatalf("store down = %v, want the default rule open, login (deny) closed", codes(r))
 	}
-	if s.Stats().FailOpen.Load() != 1 || s.Stats().StoreErrors.Load() != 1 {
-		t.Errorf("fail_open = %d, store errors = %d", s.Stats().FailOpen.Load(), s.Stats().StoreErrors.Load())
+	if s.Stats().FailOpen.Load() != 1 || s.Stats().FailClosed.Load() != 1 || s.Stats().StoreErrors.Load() != 1 {
+		t.Errorf("fail_open = %d, fail_closed = %d, store errors = %d", s.Stats().FailOpen.Load(), s.Stats().FailClosed.Load(), s.Stats().StoreErrors.Load())
+	}
+	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", "login", metrics.OutcomeFailClosed)); got != 1 {
+		t.Errorf("fail_closed metric for login = %v", got)
+	}
+	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", "web.zero", metrics.OutcomeFailOpen)); got != 1 {
+		t.Errorf("fail_open metric for web.zero = %v", got)
 	}
 	if len(r.GetResponseHeadersToAdd()) != 0 {
-		t.Errorf("headers from an undecided descriptor: %v", r.GetResponseHeadersToAdd())
+		t.Errorf("headers from undecided descriptors: %v", r.GetResponseHeadersToAdd())
+	}
+	// The global mode decides rules that set none; a rule's own wins.
+	deny := service.New(rules(t), cs, nil, service.Options{FailureMode: config.FailureDeny})
+	if r := call(t, deny, request(desc("zero", "x"), desc("browse", "y"))); codes(r) != "OVER_LIMIT OVER_LIMIT OK" {
+		t.Errorf("global deny = %v", codes(r))
+	}
+	// A refund is never denied.
+	ref := request(desc("login", "u"))
+	ref.Descriptors[0].IsNegativeHits = true
+	if r := call(t, deny, ref); codes(r) != "OK OK" {
+		t.Errorf("refund while down = %v", codes(r))
+	}
+}
+
+// slowStore answers after its delay, or when the context ends.
+type slowStore struct{ delay time.Duration }
+
+func (s slowStore) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
+	select {
+	case <-time.After(s.delay):
+		return make([]limit.Result, len(checks)), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func TestCallerDeadline(t *testing.T) {
+	s := service.New(rules(t), slowStore{delay: time.Hour}, nil, service.Options{DeadlineMargin: 5 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	resp, err := s.ShouldRateLimit(ctx, request(desc("user", "slow")))
+	if err != nil || codes(resp) != "OK OK" {
+		t.Fatalf("resp = %v, %v; want fail open", resp, err)
+	}
+	if el := time.Since(start); el > 18*time.Millisecond {
+		t.Errorf("answered after %v, want before the caller's 20ms deadline less the margin", el)
+	}
+	// A deadline inside the margin: no store call at all.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 2*time.Millisecond)
+	defer cancel2()
+	start = time.Now()
+	if _, err := s.ShouldRateLimit(ctx2, request(desc("user", "slow"))); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > time.Millisecond {
+		t.Errorf("deadline inside the margin answered after %v", el)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	m := metrics.New("test")
+	s := service.New(rules(t), memstore.New(memstore.Options{}), overlimitcache.New(1<<20), service.Options{Metrics: m})
+	for range 5 {
+		call(t, s, request(desc("user", "m"), desc("unl", "x"), desc("shadow", "s")))
+	}
+	call(t, s, &rlsv3.RateLimitRequest{Domain: "nowhere", Descriptors: []*rlcommon.RateLimitDescriptor{desc("user", "m")}})
+	s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "web"})
+	tests := []struct {
+		rule, outcome string
+		want          float64
+	}{
+		{"web.user", metrics.OutcomeOK, 2},
+		{"web.user", metrics.OutcomeNearLimit, 1}, // 3 of 3 reaches 0.8
+		{"web.user", metrics.OutcomeOverLimit, 0}, // the third OK exhausted it: the cache answers after
+		{"web.user", metrics.OutcomeLocalCache, 2},
+		{"web.unl", metrics.OutcomeUnlimited, 5},
+		{"web.shadow", metrics.OutcomeNearLimit, 1},
+		{"web.shadow", metrics.OutcomeShadow, 4},
+	}
+	for _, tt := range tests {
+		if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", tt.rule, tt.outcome)); got != tt.want {
+			t.Errorf("decisions{rule=%s,outcome=%s} = %v, want %v", tt.rule, tt.outcome, got, tt.want)
+		}
+	}
+	if got := testutil.ToFloat64(m.UnknownDomain); got != 1 {
+		t.Errorf("unknown domain = %v", got)
+	}
+	if got := testutil.ToFloat64(m.InvalidRequests); got != 1 {
+		t.Errorf("invalid = %v", got)
+	}
+	if got := testutil.ToFloat64(m.Requests.WithLabelValues("OVER_LIMIT")); got != 2 {
+		t.Errorf("requests over limit = %v", got)
 	}
 }
 

@@ -1,0 +1,213 @@
+// Package metrics defines every Prometheus collector of ratelimitd in one
+// place, so names stay consistent and documented. Labels are bounded:
+// domains and rules come from the rules files, never from requests.
+package metrics
+
+import (
+	"runtime"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Outcomes of one descriptor's decision, the values of the outcome label.
+const (
+	OutcomeOK         = "ok"
+	OutcomeOverLimit  = "over_limit"
+	OutcomeNearLimit  = "near_limit"
+	OutcomeShadow     = "shadow"
+	OutcomeLocalCache = "local_cache"
+	OutcomeFailOpen   = "fail_open"
+	OutcomeFailClosed = "fail_closed"
+	OutcomeUnlimited  = "unlimited"
+)
+
+// Metrics holds the collectors. A nil *Metrics records nothing, so
+// packages can be used without metrics in tests.
+type Metrics struct {
+	// Registry is where the collectors live; /metrics serves it.
+	Registry *prometheus.Registry
+
+	Decisions         *prometheus.CounterVec
+	Requests          *prometheus.CounterVec
+	UnknownDomain     prometheus.Counter
+	InvalidRequests   prometheus.Counter
+	RequestDuration   prometheus.Histogram
+	RedisDuration     prometheus.Histogram
+	RedisErrors       *prometheus.CounterVec
+	ScriptReloads     prometheus.Counter
+	BreakerOpen       prometheus.Gauge
+	BreakerTrips      prometheus.Counter
+	MaxmemoryPolicy   *prometheus.GaugeVec
+	ConfigReloads     *prometheus.CounterVec
+	ConfigLastSuccess prometheus.Gauge
+	ConfigInfo        *prometheus.GaugeVec
+}
+
+// New registers every collector, with Go and process collectors, on a new
+// registry.
+func New(version string) *Metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := &Metrics{
+		Registry: reg,
+		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_decisions_total",
+			Help: "Descriptor decisions by domain, rule (its name, else its path) and outcome.",
+		}, []string{"domain", "rule", "outcome"}),
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_requests_total",
+			Help: "ShouldRateLimit requests decided, by overall code.",
+		}, []string{"code"}),
+		UnknownDomain: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimitd_unknown_domain_total",
+			Help: "Requests for a domain no rules file defines (answered OK, no limit).",
+		}),
+		InvalidRequests: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimitd_invalid_requests_total",
+			Help: "Requests refused as invalid (empty domain, no descriptors, over the size bounds).",
+		}),
+		RequestDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ratelimitd_request_duration_seconds",
+			Help:    "Time to decide one request, store call included.",
+			Buckets: latencyBuckets,
+		}),
+		RedisDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ratelimitd_redis_duration_seconds",
+			Help:    "Time of one Redis script evaluation (a request, or one slot group on Cluster), failures included.",
+			Buckets: latencyBuckets,
+		}),
+		RedisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_redis_errors_total",
+			Help: "Failed Redis evaluations by class: timeout, connection, breaker_open, noreplicas, oom, readonly, loading, clusterdown, busy, other.",
+		}, []string{"class"}),
+		ScriptReloads: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimitd_redis_script_reloads_total",
+			Help: "Times Redis had lost the script (NOSCRIPT) and it was sent again.",
+		}),
+		BreakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimitd_redis_breaker_open",
+			Help: "1 while the breaker is open: Redis is not asked, requests are answered by failure policy.",
+		}),
+		BreakerTrips: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimitd_redis_breaker_trips_total",
+			Help: "Times the breaker opened.",
+		}),
+		MaxmemoryPolicy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ratelimitd_redis_maxmemory_policy",
+			Help: "1 for the maxmemory-policy Redis reports (per node on Cluster); anything but noeviction can evict counters.",
+		}, []string{"node", "policy"}),
+		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_config_reloads_total",
+			Help: "Rules loads by result (success, failure).",
+		}, []string{"result"}),
+		ConfigLastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimitd_config_last_reload_success_timestamp_seconds",
+			Help: "Unix time of the last successful rules load.",
+		}),
+		ConfigInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ratelimitd_config_info",
+			Help: "1 for the rules in force, labelled with their hash.",
+		}, []string{"hash"}),
+	}
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "ratelimitd_build_info",
+		Help: "1, labelled with the version and the Go version.",
+	}, []string{"version", "goversion"})
+	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.RequestDuration,
+		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BreakerOpen, m.BreakerTrips,
+		m.MaxmemoryPolicy, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigInfo, buildInfo)
+	return m
+}
+
+// latencyBuckets span 50 µs to 2.5 s: decisions take well under a
+// millisecond when healthy, and tens of ms at the timeout.
+var latencyBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
+
+// Decision counts one descriptor decision.
+func (m *Metrics) Decision(domain, rule, outcome string) {
+	if m != nil {
+		m.Decisions.WithLabelValues(domain, rule, outcome).Inc()
+	}
+}
+
+// Request counts one decided request and its duration.
+func (m *Metrics) Request(code string, d time.Duration) {
+	if m != nil {
+		m.Requests.WithLabelValues(code).Inc()
+		m.RequestDuration.Observe(d.Seconds())
+	}
+}
+
+// RedisCall records one evaluation's duration and, when it failed, its
+// error class.
+func (m *Metrics) RedisCall(d time.Duration, errClass string) {
+	if m == nil {
+		return
+	}
+	m.RedisDuration.Observe(d.Seconds())
+	if errClass != "" {
+		m.RedisErrors.WithLabelValues(errClass).Inc()
+	}
+}
+
+// InvalidRequest counts a request refused as invalid.
+func (m *Metrics) InvalidRequest() {
+	if m != nil {
+		m.InvalidRequests.Inc()
+	}
+}
+
+// UnknownDomainRequest counts a request for a domain no rules define.
+func (m *Metrics) UnknownDomainRequest() {
+	if m != nil {
+		m.UnknownDomain.Inc()
+	}
+}
+
+// ScriptReload counts a NOSCRIPT reload.
+func (m *Metrics) ScriptReload() {
+	if m != nil {
+		m.ScriptReloads.Inc()
+	}
+}
+
+// SetBreaker records the breaker's state.
+func (m *Metrics) SetBreaker(open bool) {
+	if m == nil {
+		return
+	}
+	if open {
+		m.BreakerOpen.Set(1)
+		m.BreakerTrips.Inc()
+	} else {
+		m.BreakerOpen.Set(0)
+	}
+}
+
+// SetMaxmemoryPolicy records node's policy, replacing what it reported
+// before.
+func (m *Metrics) SetMaxmemoryPolicy(node, policy string) {
+	if m == nil {
+		return
+	}
+	m.MaxmemoryPolicy.DeletePartialMatch(prometheus.Labels{"node": node})
+	m.MaxmemoryPolicy.WithLabelValues(node, policy).Set(1)
+}
+
+// ConfigLoaded records a rules load; hash is empty on failure.
+func (m *Metrics) ConfigLoaded(ok bool, hash string, at time.Time) {
+	if m == nil {
+		return
+	}
+	if !ok {
+		m.ConfigReloads.WithLabelValues("failure").Inc()
+		return
+	}
+	m.ConfigReloads.WithLabelValues("success").Inc()
+	m.ConfigLastSuccess.Set(float64(at.UnixNano()) / 1e9)
+	m.ConfigInfo.Reset()
+	m.ConfigInfo.WithLabelValues(hash).Set(1)
+}
