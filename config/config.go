@@ -131,6 +131,14 @@ func (s *Snapshot) Domain(name string) *Domain {
 	return s.domains[name]
 }
 
+// GetHash returns the snapshot's hash, or "" for a nil snapshot.
+func (s *Snapshot) GetHash() string {
+	if s == nil {
+		return ""
+	}
+	return s.Hash
+}
+
 // Domains returns the domain names, sorted.
 func (s *Snapshot) Domains() []string {
 	names := make([]string, 0, len(s.domains))

@@ -12,9 +12,13 @@ import (
 	"os/signal"
 	"runtime"
 	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/server"
@@ -41,10 +45,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	log := newLogger(s, logOut)
 	log.Info("starting", "version", version, "go", runtime.Version())
 
+	m := metrics.New(version)
 	rules, err := config.Load(s.config)
 	if err != nil {
 		return fmt.Errorf("rules: %w", err)
 	}
+	m.ConfigLoaded(true, rules.Hash, rules.LoadedAt)
 	log.Info("rules loaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
 
 	store, closeStore, err := newStore(ctx, s, log)
@@ -61,6 +67,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		KeyPrefix:       s.keyPrefix,
 		ShadowMode:      s.shadowMode,
 		ResponseHeaders: bool(s.responseHeaders),
+		FailureMode:     s.failureMode,
+		Metrics:         m,
 		Logger:          log,
 	})
 
@@ -79,9 +87,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 
 	reloadCtx, stopReload := context.WithCancel(ctx)
 	defer stopReload()
-	go reloadOnHUP(reloadCtx, s.config, svc, log)
+	go reloadOnHUP(reloadCtx, s.config, svc, m, log)
 
-	srv := server.New(svc, server.Options{Logger: log, DrainDelay: s.drainDelay})
+	srv := server.New(svc, server.Options{
+		Logger:     log,
+		DrainDelay: s.drainDelay,
+		Metrics:    promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}),
+	})
 	return srv.Serve(ctx, grpcLis, httpLis)
 }
 
@@ -116,7 +128,7 @@ func newStore(ctx context.Context, s *settings, log *slog.Logger) (service.Store
 // reloadOnHUP loads the rules again on SIGHUP and puts them in force if
 // they are valid; otherwise the rules in force stay and the error is
 // logged with every problem's file and line.
-func reloadOnHUP(ctx context.Context, path string, svc *service.Service, log *slog.Logger) {
+func reloadOnHUP(ctx context.Context, path string, svc *service.Service, m *metrics.Metrics, log *slog.Logger) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -127,6 +139,7 @@ func reloadOnHUP(ctx context.Context, path string, svc *service.Service, log *sl
 		case <-hup:
 		}
 		rules, err := config.Load(path)
+		m.ConfigLoaded(err == nil, rules.GetHash(), time.Now())
 		if err != nil {
 			log.Error("rules reload failed; keeping the rules in force", "err", err, "hash", svc.Rules().Hash)
 			continue

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -172,6 +173,7 @@ func TestStartupErrors(t *testing.T) {
 		{"bad redis url", []string{"--config", rules, "--redis-url", "http://nope"}, nil, "redisstore: parse --redis-url"},
 		{"bad timeout flag", []string{"--config", rules, "--redis-timeout", "soon"}, nil, `invalid value "soon" for flag -redis-timeout`},
 		{"bad env", []string{"--config", rules}, map[string]string{"RATELIMITD_LOCAL_CACHE_SIZE": "lots"}, `RATELIMITD_LOCAL_CACHE_SIZE="lots"`},
+		{"bad failure mode", []string{"--config", rules, "--failure-mode", "open"}, nil, `unknown failure_mode "open" (want allow or deny)`},
 		{"bad log format", []string{"--config", rules, "--log-format", "xml"}, nil, "--log-format must be text or json"},
 		{"bad log level", []string{"--config", rules, "--log-level", "loud"}, nil, `invalid value "loud" for flag -log-level`},
 		{"stray argument", []string{"--config", rules, "serve"}, nil, `unexpected argument "serve"`},
@@ -257,6 +259,21 @@ func TestEmbeddedStoreEndToEnd(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Content-Type") != "application/json" {
 		t.Errorf("/json = %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	mresp, err := http.Get("http://" + in.httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mbody, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	for _, want := range []string{
+		`ratelimitd_decisions_total{domain="e2e",outcome="over_limit",rule="e2e.user"} 2`,
+		`ratelimitd_build_info{goversion=`,
+		`ratelimitd_config_reloads_total{result="success"} 1`,
+	} {
+		if !strings.Contains(string(mbody), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
 	}
 	if err := in.stop(); err != nil {
 		t.Fatal(err)

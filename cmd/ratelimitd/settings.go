@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 )
 
@@ -31,6 +32,7 @@ type settings struct {
 	logLevel        slog.Level
 	logFormat       string
 	drainDelay      time.Duration
+	failureMode     config.FailureMode
 }
 
 func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
@@ -47,6 +49,11 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.keyPrefix, "key-prefix", "", "prefix of every Redis key; changing it starts every counter afresh")
 	fs.TextVar(&s.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	fs.StringVar(&s.logFormat, "log-format", "text", "text or json")
+	fs.Func("failure-mode", "allow or deny: the answer, when Redis cannot decide, for rules without their own failure_mode (default allow)", func(v string) error {
+		fm, err := config.ParseFailureMode(v)
+		s.failureMode = fm
+		return err
+	})
 	fs.DurationVar(&s.drainDelay, "drain-delay", 0, "on SIGTERM, keep serving this long with health NOT_SERVING before stopping")
 	return fs
 }

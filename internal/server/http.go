@@ -19,6 +19,9 @@ func (s *Server) httpHandler() http.Handler {
 	mux.HandleFunc("POST /json", s.handleJSON)
 	mux.HandleFunc("GET /healthcheck", s.handleHealth)
 	mux.HandleFunc("GET /rlconfig", s.handleRules)
+	if s.opts.Metrics != nil {
+		mux.Handle("GET /metrics", s.opts.Metrics)
+	}
 	return mux
 }
 

@@ -53,6 +53,8 @@ type Options struct {
 	// ends; calls still running then are cut. Zero means
 	// DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
+	// Metrics, when set, is served on /metrics.
+	Metrics http.Handler
 	// GRPCOptions are added to the gRPC server's options (TLS, message
 	// sizes, keepalive).
 	GRPCOptions []grpc.ServerOption
