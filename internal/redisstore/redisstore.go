@@ -1,43 +1,69 @@
 // Package redisstore decides rate-limit checks in Redis: one EVALSHA of an
-// embedded, constant Lua script per request, with "now" read from Redis's
-// own clock, increments applied all or nothing, and every key written
-// together with its expiry.
+// embedded, constant Lua script per request (per hash slot on Cluster),
+// with "now" read from Redis's own clock, increments applied all or
+// nothing, and every key written together with its expiry. Every call is
+// bounded; a breaker stops waiting on a Redis that does not answer.
 package redisstore
 
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
 //go:embed scripts/*.lua
 var scriptFS embed.FS
 
-// ErrUnavailable marks every failure to get a decision from Redis: it could
-// not be reached in time, or it refused the script (OOM, NOREPLICAS,
-// READONLY, LOADING, ...). The service answers such checks by policy.
-var ErrUnavailable = errors.New("redisstore: unavailable")
-
-// DefaultTimeout bounds one Evaluate when [Options.Timeout] is zero.
-const DefaultTimeout = 50 * time.Millisecond
+// Defaults of [Options].
+const (
+	DefaultTimeout          = 50 * time.Millisecond
+	DefaultBreakerFailures  = 5
+	DefaultProbeInterval    = 100 * time.Millisecond
+	DefaultPolicyCheckEvery = time.Minute
+)
 
 // Options configures a [Store].
 type Options struct {
-	// URL is a redis://, rediss:// or unix:// URL, parsed by go-redis.
+	// URL is the Redis URL, parsed by go-redis: redis://, rediss:// or
+	// unix:// for Mode single; redis://h1:26379?master_name=m&addr=h2:26379
+	// for sentinel; redis://h1:7000?addr=h2:7001 for cluster.
 	URL string
+	// Mode is single, sentinel or cluster. Empty means sentinel when the
+	// URL has master_name, else single.
+	Mode string
 	// Timeout bounds each Evaluate, including waiting for a pooled
-	// connection. Zero means [DefaultTimeout]; a shorter deadline on the
+	// connection. Zero means DefaultTimeout; a shorter deadline on the
 	// caller's context always wins.
 	Timeout time.Duration
+	// TLSCA, TLSCert and TLSKey are PEM files: the CA that signs Redis's
+	// certificate, and a client certificate and key for Redis's
+	// tls-auth-clients. They need a rediss:// URL.
+	TLSCA, TLSCert, TLSKey string
+	// BreakerFailures is the number of consecutive timeouts or connection
+	// errors that opens the breaker. Zero means DefaultBreakerFailures.
+	BreakerFailures int
+	// ProbeInterval is how often an open breaker probes Redis. Zero means
+	// DefaultProbeInterval.
+	ProbeInterval time.Duration
+	// PolicyCheckEvery is how often maxmemory-policy is read. Zero means
+	// DefaultPolicyCheckEvery.
+	PolicyCheckEvery time.Duration
+	// Metrics receives call latencies, error classes, breaker state and
+	// the maxmemory policy. Nil records nothing.
+	Metrics *metrics.Metrics
+	// Logger receives breaker and maxmemory-policy lines. Nil discards.
+	Logger *slog.Logger
 	// ScriptTime, when set, is sent to the script as "now" instead of
 	// letting it read Redis TIME. Tests only: it lets them script a
 	// timeline. Production leaves it nil.
@@ -47,70 +73,124 @@ type Options struct {
 // Store is a Redis-backed store. It is safe for concurrent use.
 type Store struct {
 	client  redis.UniversalClient
+	cluster *redis.ClusterClient // nil unless Mode is cluster
+	mode    string
 	script  *redis.Script
 	timeout time.Duration
 	now     func() time.Time
+	m       *metrics.Metrics
+	log     *slog.Logger
+	breaker *breaker
 
-	reloads atomic.Int64
+	reloads  atomic.Int64
+	done     chan struct{}
+	wg       sync.WaitGroup
+	closeMu  sync.Once
+	policies sync.Map // node → last maxmemory-policy logged
 }
 
 // New parses the URL and builds the client. It does not wait for Redis: a
 // Redis that is down at startup is not an error, a URL that does not parse
-// is.
+// is. The store reads maxmemory-policy in the background until Close.
 func New(opts Options) (*Store, error) {
-	ro, err := redis.ParseURL(opts.URL)
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: parse --redis-url: %w", err)
-	}
 	timeout := opts.Timeout
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	// No retries: a retry after a timeout doubles the wait and replays a
-	// script that may already have run. Each command is bounded by the
-	// context (ContextTimeoutEnabled) and by the read/write timeouts.
-	ro.MaxRetries = -1
-	ro.ContextTimeoutEnabled = true
-	ro.ReadTimeout = timeout
-	ro.WriteTimeout = timeout
-	ro.PoolTimeout = timeout
-	if ro.DialTimeout == 0 || ro.DialTimeout > time.Second {
-		ro.DialTimeout = time.Second
+	client, cluster, mode, err := newClient(opts, timeout)
+	if err != nil {
+		return nil, err
 	}
-	ro.DisableIdentity = true
 	src, err := scriptFS.ReadFile("scripts/decide.lua")
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: %w", err)
 	}
-	return &Store{
-		client:  redis.NewClient(ro),
-		script:  redis.NewScript(string(src)),
-		timeout: timeout,
-		now:     opts.ScriptTime,
-	}, nil
+	s := &Store{
+		client: client, cluster: cluster, mode: mode,
+		script: redis.NewScript(string(src)), timeout: timeout,
+		now: opts.ScriptTime, m: opts.Metrics, log: opts.Logger, done: make(chan struct{}),
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	failures, interval := opts.BreakerFailures, opts.ProbeInterval
+	if failures <= 0 {
+		failures = DefaultBreakerFailures
+	}
+	if interval <= 0 {
+		interval = DefaultProbeInterval
+	}
+	s.breaker = newBreaker(failures, interval, s.probe, func(open bool) {
+		s.m.SetBreaker(open)
+		if open {
+			s.log.Error("redis breaker open: answering by failure policy without waiting on Redis", "consecutive_failures", failures, "probe_every", interval)
+		} else {
+			s.log.Info("redis breaker closed: Redis answers again")
+		}
+	})
+	every := opts.PolicyCheckEvery
+	if every <= 0 {
+		every = DefaultPolicyCheckEvery
+	}
+	s.wg.Go(func() { s.watchPolicy(every) })
+	return s, nil
 }
+
+// Mode returns the deployment mode in use: single, sentinel or cluster.
+func (s *Store) Mode() string { return s.mode }
 
 // Ping checks that Redis answers and loads the script, so the first
 // request does not pay for it.
 func (s *Store) Ping(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout*4)
+	ctx, cancel := context.WithTimeout(ctx, max(s.timeout*4, time.Second))
 	defer cancel()
-	if err := s.client.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redisstore: ping: %w: %w", ErrUnavailable, err)
-	}
-	if err := s.script.Load(ctx, s.client).Err(); err != nil {
-		return fmt.Errorf("redisstore: script load: %w: %w", ErrUnavailable, err)
+	if err := s.probe(ctx); err != nil {
+		return fmt.Errorf("redisstore: %w: %w", ErrUnavailable, err)
 	}
 	return nil
 }
 
-// Evaluate decides checks in one script call.
+// probe pings and loads the script (on every master on Cluster).
+func (s *Store) probe(ctx context.Context) error {
+	if s.cluster != nil {
+		return s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return s.script.Load(ctx, c).Err()
+		})
+	}
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	if err := s.script.Load(ctx, s.client).Err(); err != nil {
+		return fmt.Errorf("script load: %w", err)
+	}
+	return nil
+}
+
+// Evaluate decides checks: in one script call, or on Cluster one call
+// per hash slot, sent concurrently. Across slots, when one group rejects,
+// what the others consumed is refunded in a second round trip, so a
+// rejected request consumes no limit. Errors wrap ErrUnavailable.
 func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	if len(checks) == 0 {
 		return nil, nil
 	}
+	if s.breaker.isOpen() {
+		s.m.RedisCall(0, ClassBreakerOpen)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ErrBreakerOpen)
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	if s.cluster != nil {
+		if groups := groupBySlot(checks); len(groups) > 1 {
+			return s.evaluateGroups(ctx, checks, groups)
+		}
+	}
+	return s.eval(ctx, checks)
+}
+
+// eval runs the script once over checks, which share one slot.
+func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
+	start := time.Now()
 	keys := make([]string, len(checks))
 	args := make([]any, 1, 1+4*len(checks))
 	args[0] = "0"
@@ -131,14 +211,18 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 	res, err := s.script.EvalSha(ctx, s.client, keys, args...).Result()
 	if err != nil && isNoScript(err) {
 		s.reloads.Add(1)
+		s.m.ScriptReload()
 		res, err = s.script.Eval(ctx, s.client, keys, args...).Result()
 	}
+	class := Classify(err)
+	s.m.RedisCall(time.Since(start), class)
+	s.breaker.record(class)
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: eval decide (%d keys): %w: %w", len(keys), ErrUnavailable, err)
+		return nil, fmt.Errorf("redisstore: eval decide (%d keys, %s): %w: %w", len(keys), class, ErrUnavailable, err)
 	}
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 3*len(checks) {
-		return nil, fmt.Errorf("redisstore: eval decide (%d keys): unexpected reply %v", len(keys), res)
+		return nil, fmt.Errorf("redisstore: eval decide (%d keys): %w: unexpected reply %v", len(keys), ErrUnavailable, res)
 	}
 	out := make([]limit.Result, len(checks))
 	for i := range out {
@@ -154,8 +238,21 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 // because Redis had lost it (NOSCRIPT: a restart, SCRIPT FLUSH, failover).
 func (s *Store) ScriptReloads() int64 { return s.reloads.Load() }
 
-// Close closes the client's connections.
-func (s *Store) Close() error { return s.client.Close() }
+// BreakerOpen reports whether the breaker is open.
+func (s *Store) BreakerOpen() bool { return s.breaker.isOpen() }
+
+// Close stops the background probe and policy watch, then closes the
+// client's connections.
+func (s *Store) Close() error {
+	var err error
+	s.closeMu.Do(func() {
+		close(s.done)
+		s.breaker.stop()
+		s.wg.Wait()
+		err = s.client.Close()
+	})
+	return err
+}
 
 func isNoScript(err error) bool {
 	return strings.HasPrefix(err.Error(), "NOSCRIPT")

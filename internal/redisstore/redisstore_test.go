@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -142,7 +143,7 @@ func TestUnavailable(t *testing.T) {
 	srv.Kill()
 	start := time.Now()
 	_, err := s.Evaluate(context.Background(), []limit.Check{{Key: "k", Limit: 1, WindowUS: 1e6, Hits: 1}})
-	if err == nil || !strings.Contains(err.Error(), "redisstore: eval decide (1 keys)") {
+	if err == nil || !strings.Contains(err.Error(), "redisstore: eval decide (1 keys, connection)") || !errors.Is(err, redisstore.ErrUnavailable) {
 		t.Fatalf("err = %v", err)
 	}
 	if el := time.Since(start); el > 2*time.Second {

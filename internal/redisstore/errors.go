@@ -1,0 +1,96 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrUnavailable marks every failure to get a decision from Redis: it could
+// not be reached in time, or it refused the script (OOM, NOREPLICAS,
+// READONLY, LOADING, ...). The service answers such checks by policy.
+var ErrUnavailable = errors.New("redisstore: unavailable")
+
+// ErrBreakerOpen is returned, wrapped with ErrUnavailable, while the
+// breaker is open: Redis failed repeatedly and is not asked until a
+// background probe finds it answering.
+var ErrBreakerOpen = errors.New("redisstore: breaker open")
+
+// Error classes, the values of the class label of
+// ratelimitd_redis_errors_total.
+const (
+	ClassTimeout     = "timeout"
+	ClassConnection  = "connection"
+	ClassBreakerOpen = "breaker_open"
+	ClassNoReplicas  = "noreplicas"
+	ClassOOM         = "oom"
+	ClassReadOnly    = "readonly"
+	ClassLoading     = "loading"
+	ClassClusterDown = "clusterdown"
+	ClassMasterDown  = "masterdown"
+	ClassBusy        = "busy"
+	ClassOther       = "other"
+)
+
+// Classify names the class of a Redis call's error, "" for nil.
+func Classify(err error) string {
+	if err == nil {
+		return ""
+	}
+	if errors.Is(err, ErrBreakerOpen) {
+		return ClassBreakerOpen
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		msg := rerr.Error()
+		for _, c := range []struct{ prefix, class string }{
+			{"NOREPLICAS", ClassNoReplicas}, {"OOM", ClassOOM}, {"READONLY", ClassReadOnly},
+			{"LOADING", ClassLoading}, {"CLUSTERDOWN", ClassClusterDown}, {"MASTERDOWN", ClassMasterDown},
+			{"BUSY", ClassBusy},
+		} {
+			if strings.HasPrefix(msg, c.prefix) {
+				return c.class
+			}
+		}
+		// A script error wraps the command's reply: "... NOREPLICAS ...".
+		for _, c := range []struct{ word, class string }{
+			{"NOREPLICAS", ClassNoReplicas}, {"OOM command not allowed", ClassOOM}, {"READONLY", ClassReadOnly},
+		} {
+			if strings.Contains(msg, c.word) {
+				return c.class
+			}
+		}
+		return ClassOther
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return ClassTimeout
+	}
+	var nerr net.Error
+	if errors.As(err, &nerr) && nerr.Timeout() {
+		return ClassTimeout
+	}
+	if strings.Contains(err.Error(), "pool timeout") || strings.Contains(err.Error(), "i/o timeout") {
+		return ClassTimeout
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, redis.ErrClosed) {
+		return ClassConnection
+	}
+	var operr *net.OpError
+	if errors.As(err, &operr) {
+		return ClassConnection
+	}
+	return ClassOther
+}
+
+// tripsBreaker reports whether an error class means Redis is not
+// answering, so that waiting on it again would only add latency. Error
+// replies (OOM, NOREPLICAS, ...) come back at once and do not trip it.
+func tripsBreaker(class string) bool {
+	return class == ClassTimeout || class == ClassConnection
+}
