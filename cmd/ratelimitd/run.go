@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
@@ -53,7 +54,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	m.ConfigLoaded(true, rules.Hash, rules.LoadedAt)
 	log.Info("rules loaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
 
-	store, closeStore, err := newStore(ctx, s, log)
+	store, closeStore, err := newStore(ctx, s, m, log)
 	if err != nil {
 		return err
 	}
@@ -89,10 +90,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	defer stopReload()
 	go reloadOnHUP(reloadCtx, s.config, svc, m, log)
 
+	grpcOpts, err := grpcServerOptions(s)
+	if err != nil {
+		grpcLis.Close()
+		httpLis.Close()
+		return err
+	}
 	srv := server.New(svc, server.Options{
-		Logger:     log,
-		DrainDelay: s.drainDelay,
-		Metrics:    promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}),
+		GRPCOptions: grpcOpts,
+		Logger:      log,
+		DrainDelay:  s.drainDelay,
+		Metrics:     promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}),
 	})
 	return srv.Serve(ctx, grpcLis, httpLis)
 }
@@ -108,19 +116,24 @@ func newLogger(s *settings, out io.Writer) *slog.Logger {
 // newStore returns the Redis store for --redis-url, or the embedded one.
 // A URL that does not parse is an error; a Redis that does not answer yet
 // is not: the service starts and uses it once it does.
-func newStore(ctx context.Context, s *settings, log *slog.Logger) (service.Store, func(), error) {
+func newStore(ctx context.Context, s *settings, m *metrics.Metrics, log *slog.Logger) (service.Store, func(), error) {
 	if s.redisURL == "" {
 		log.Warn("no --redis-url: using the embedded in-memory store; limits are per process, not shared between instances")
 		return memstore.New(memstore.Options{}), func() {}, nil
 	}
-	rs, err := redisstore.New(redisstore.Options{URL: s.redisURL, Timeout: s.redisTimeout})
+	redis.SetLogger(redisLogger{log})
+	rs, err := redisstore.New(redisstore.Options{
+		URL: s.redisURL, Mode: s.redisMode, Timeout: s.redisTimeout,
+		TLSCA: s.redisTLSCA, TLSCert: s.redisTLSCert, TLSKey: s.redisTLSKey,
+		Metrics: m, Logger: log,
+	})
 	if err != nil {
 		return nil, nil, err
 	}
 	if err := rs.Ping(ctx); err != nil {
-		log.Warn("redis does not answer yet; requests fail open until it does", "err", err)
+		log.Warn("redis does not answer yet; answering by failure_mode until it does", "mode", rs.Mode(), "err", err)
 	} else {
-		log.Info("redis ready")
+		log.Info("redis ready", "mode", rs.Mode())
 	}
 	return rs, func() { _ = rs.Close() }, nil
 }
@@ -146,5 +159,15 @@ func reloadOnHUP(ctx context.Context, path string, svc *service.Service, m *metr
 		}
 		svc.SetRules(rules)
 		log.Info("rules reloaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
+	}
+}
+
+// redisLogger sends go-redis's own log lines (one per failed dial, say)
+// to debug: failures are counted and logged at a bounded rate elsewhere.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	if l.log.Enabled(ctx, slog.LevelDebug) {
+		l.log.DebugContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 	}
 }

@@ -33,6 +33,14 @@ type settings struct {
 	logFormat       string
 	drainDelay      time.Duration
 	failureMode     config.FailureMode
+	redisMode       string
+	redisTLSCA      string
+	redisTLSCert    string
+	redisTLSKey     string
+	grpcTLSCert     string
+	grpcTLSKey      string
+	grpcClientCA    string
+	grpcMaxMessage  byteSize
 }
 
 func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
@@ -54,6 +62,15 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 		s.failureMode = fm
 		return err
 	})
+	fs.StringVar(&s.redisMode, "redis-mode", "", "single, sentinel or cluster (default: sentinel when --redis-url has master_name, else single)")
+	fs.StringVar(&s.redisTLSCA, "redis-tls-ca", "", "PEM file of the CA that signs Redis's certificate (with a rediss:// URL)")
+	fs.StringVar(&s.redisTLSCert, "redis-tls-cert", "", "PEM client certificate for Redis (with --redis-tls-key)")
+	fs.StringVar(&s.redisTLSKey, "redis-tls-key", "", "PEM client key for Redis")
+	fs.StringVar(&s.grpcTLSCert, "grpc-tls-cert", "", "PEM certificate: serve gRPC over TLS (with --grpc-tls-key)")
+	fs.StringVar(&s.grpcTLSKey, "grpc-tls-key", "", "PEM key of --grpc-tls-cert")
+	fs.StringVar(&s.grpcClientCA, "grpc-client-ca", "", "PEM CA file: require and verify client certificates (mTLS)")
+	s.grpcMaxMessage = 1 << 20
+	fs.Var(&s.grpcMaxMessage, "grpc-max-message-size", "largest gRPC request accepted, in bytes (default 1MiB)")
 	fs.DurationVar(&s.drainDelay, "drain-delay", 0, "on SIGTERM, keep serving this long with health NOT_SERVING before stopping")
 	return fs
 }
@@ -87,6 +104,14 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, fmt.Errorf("--redis-timeout must be positive, got %v", s.redisTimeout)
 	case s.logFormat != "text" && s.logFormat != "json":
 		return nil, fmt.Errorf("--log-format must be text or json, got %q", s.logFormat)
+	case (s.grpcTLSCert == "") != (s.grpcTLSKey == ""):
+		return nil, errors.New("--grpc-tls-cert and --grpc-tls-key go together")
+	case s.grpcClientCA != "" && s.grpcTLSCert == "":
+		return nil, errors.New("--grpc-client-ca needs --grpc-tls-cert and --grpc-tls-key")
+	case s.grpcMaxMessage < 1024:
+		return nil, fmt.Errorf("--grpc-max-message-size must be at least 1024, got %d", s.grpcMaxMessage)
+	case s.redisURL == "" && (s.redisMode != "" || s.redisTLSCA != "" || s.redisTLSCert != ""):
+		return nil, errors.New("--redis-mode and --redis-tls-* need --redis-url")
 	case s.drainDelay < 0:
 		return nil, fmt.Errorf("--drain-delay must not be negative, got %v", s.drainDelay)
 	}

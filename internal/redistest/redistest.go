@@ -10,6 +10,7 @@ package redistest
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -33,6 +34,11 @@ type Server struct {
 	// Port is the loopback port it listens on; a restart keeps it.
 	Port int
 	cmd  *exec.Cmd
+	// tls, when set, makes the server listen with TLS only, and Client
+	// and the readiness check use it.
+	tls *tls.Config
+	// sentinelConf, when set, runs the process as a sentinel with it.
+	sentinelConf string
 }
 
 // Binary returns the redis-server path, skipping or failing t when there
@@ -70,16 +76,24 @@ func (s *Server) URL() string { return "redis://" + s.Addr() }
 
 // Client returns a go-redis client closed at the end of the test.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, TLSConfig: s.tls})
 	s.t.Cleanup(func() { c.Close() })
 	return c
 }
 
 func (s *Server) start() {
 	s.t.Helper()
-	args := append([]string{"--bind", "127.0.0.1", "--port", strconv.Itoa(s.Port),
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no",
-		"--logfile", filepath.Join(s.dir, "redis.log")}, s.args...)
+	port := []string{"--port", strconv.Itoa(s.Port)}
+	if s.tls != nil {
+		port = []string{"--port", "0", "--tls-port", strconv.Itoa(s.Port)}
+	}
+	args := append(append([]string{"--bind", "127.0.0.1"}, port...), "--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--daemonize", "no", "--logfile", filepath.Join(s.dir, "redis.log"))
+	if s.sentinelConf != "" {
+		args = []string{s.sentinelConf, "--sentinel", "--bind", "127.0.0.1", "--port", strconv.Itoa(s.Port),
+			"--dir", s.dir, "--daemonize", "no", "--logfile", filepath.Join(s.dir, "redis.log")}
+	}
+	args = append(args, s.args...)
 	for attempt := 0; ; attempt++ {
 		cmd := exec.Command(s.bin, args...)
 		// The server dies with the test binary even if cleanup never runs.
@@ -100,7 +114,7 @@ func (s *Server) start() {
 
 func (s *Server) waitReady(limit time.Duration) error {
 	deadline := time.Now().Add(limit)
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond, TLSConfig: s.tls})
 	defer c.Close()
 	var err error
 	for time.Now().Before(deadline) {
@@ -146,7 +160,7 @@ func (s *Server) Resume() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
 // CommandStats returns the calls per command from INFO commandstats,
 // keyed by lower-case command name (e.g. "evalsha", "get").
 func (s *Server) CommandStats(ctx context.Context) (map[string]int64, error) {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, TLSConfig: s.tls})
 	defer c.Close()
 	info, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {

@@ -1,0 +1,246 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+)
+
+func TestTLS(t *testing.T) {
+	certs := redistest.NewCerts(t)
+	srv := redistest.StartTLS(t, certs)
+	url := "rediss://" + srv.Addr()
+	s, err := redisstore.New(redisstore.Options{URL: url, Timeout: time.Second, TLSCA: certs.CA, TLSCert: certs.ClientCert, TLSKey: certs.ClientKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if r, err := s.Evaluate(context.Background(), hourCheck); err != nil || r[0].Count != 1 {
+		t.Fatalf("over TLS: %+v, %v", r, err)
+	}
+	// Without the client certificate Redis refuses the handshake.
+	noCert, err := redisstore.New(redisstore.Options{URL: url, Timeout: time.Second, TLSCA: certs.CA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noCert.Close()
+	if _, err := noCert.Evaluate(context.Background(), hourCheck); err == nil {
+		t.Error("a client without certificate was served")
+	}
+	if _, err := redisstore.New(redisstore.Options{URL: "redis://" + srv.Addr(), TLSCA: certs.CA}); err == nil || !strings.Contains(err.Error(), "need a rediss:// URL") {
+		t.Errorf("TLS files with redis:// = %v", err)
+	}
+}
+
+func TestModeFromURL(t *testing.T) {
+	tests := []struct{ url, mode, want string }{
+		{"redis://127.0.0.1:1", "", redisstore.ModeSingle},
+		{"redis://127.0.0.1:26379?master_name=m&addr=127.0.0.1:26380", "", redisstore.ModeSentinel},
+		{"redis://127.0.0.1:7000?addr=127.0.0.1:7001", "cluster", redisstore.ModeCluster},
+	}
+	for _, tt := range tests {
+		s, err := redisstore.New(redisstore.Options{URL: tt.url, Mode: tt.mode})
+		if err != nil {
+			t.Fatalf("%s: %v", tt.url, err)
+		}
+		if s.Mode() != tt.want {
+			t.Errorf("%s: mode %s, want %s", tt.url, s.Mode(), tt.want)
+		}
+		s.Close()
+	}
+	if _, err := redisstore.New(redisstore.Options{URL: "redis://x", Mode: "ring"}); err == nil || !strings.Contains(err.Error(), `--redis-mode "ring"`) {
+		t.Errorf("bad mode: %v", err)
+	}
+}
+
+// clusterKeys returns n keys named after base that land on n different
+// cluster nodes.
+func clusterKeys(t *testing.T, nodes []*redistest.Server, base string, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	c := nodes[0].Client()
+	seen := map[string]bool{}
+	var keys []string
+	for i := 0; len(keys) < n && i < 1000; i++ {
+		k := fmt.Sprintf("%s:%d", base, i)
+		sl, err := c.ClusterKeySlot(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		node := fmt.Sprint(sl * 3 / 16384)
+		if !seen[node] {
+			seen[node] = true
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+func TestCluster(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	s, err := redisstore.New(redisstore.Options{URL: redistest.ClusterURL(nodes), Mode: redisstore.ModeCluster, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Descriptors on three nodes decide together; a rejected request
+	// consumes nothing anywhere.
+	keys := clusterKeys(t, nodes, "multi", 3)
+	checks := []limit.Check{
+		{Key: keys[0], Limit: 100, WindowUS: 3600e6, Hits: 1},
+		{Key: keys[1], Limit: 1, WindowUS: 3600e6, Hits: 1},
+		{Key: keys[2], Limit: 100, WindowUS: 3600e6, Hits: 1},
+	}
+	for i := range 4 {
+		r, err := s.Evaluate(ctx, checks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wantOver := i > 0; r[1].Over != wantOver {
+			t.Fatalf("call %d: %+v", i, r)
+		}
+	}
+	r, err := s.Evaluate(ctx, []limit.Check{{Key: keys[0], Limit: 100, WindowUS: 3600e6}, {Key: keys[2], Limit: 100, WindowUS: 3600e6}})
+	if err != nil || r[0].Count != 1 || r[1].Count != 1 {
+		t.Fatalf("after 3 rejected requests: %+v, %v; want counts 1 (refunded)", r, err)
+	}
+
+	// 200 concurrent requests, limit 10: exactly 10 on one key; and the
+	// 3-slot case, where no rejected request may leave consumption behind.
+	one := []limit.Check{{Key: "hot:" + fmt.Sprint(time.Now().UnixNano()), Limit: 10, WindowUS: 3600e6, Hits: 1}}
+	three := make([]limit.Check, 3)
+	for i, k := range clusterKeys(t, nodes, fmt.Sprint("conc", time.Now().UnixNano()), 3) {
+		three[i] = limit.Check{Key: k, Limit: 10, WindowUS: 3600e6, Hits: 1}
+	}
+	for _, tt := range []struct {
+		name   string
+		checks []limit.Check
+	}{{"one slot", one}, {"three nodes", three}} {
+		var ok atomic.Int64
+		var wg sync.WaitGroup
+		gun := make(chan struct{})
+		for range 200 {
+			wg.Go(func() {
+				<-gun
+				r, err := s.Evaluate(ctx, tt.checks)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				admitted := true
+				for _, x := range r {
+					admitted = admitted && !x.Over
+				}
+				if admitted {
+					ok.Add(1)
+				}
+			})
+		}
+		close(gun)
+		wg.Wait()
+		counts := make([]string, len(tt.checks))
+		for i, c := range tt.checks {
+			rr, err := s.Evaluate(ctx, []limit.Check{{Key: c.Key, Limit: 10, WindowUS: 3600e6}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			counts[i] = fmt.Sprint(rr[0].Count)
+			if rr[0].Count != uint64(ok.Load()) {
+				t.Errorf("%s: counter %s = %d but %d requests admitted: rejected requests left consumption", tt.name, c.Key, rr[0].Count, ok.Load())
+			}
+		}
+		t.Logf("%s: 200 concurrent requests, limit 10: %d admitted; counters %s", tt.name, ok.Load(), strings.Join(counts, ","))
+		if tt.name == "one slot" && ok.Load() != 10 {
+			t.Errorf("one slot: %d admitted, want exactly 10", ok.Load())
+		}
+		if ok.Load() < 1 || ok.Load() > 10 {
+			t.Errorf("%s: %d admitted, want 1..10", tt.name, ok.Load())
+		}
+	}
+}
+
+// TestSentinelFailover kills the master under load: the store follows the
+// promoted replica without a restart. Counts not yet replicated when the
+// master died are lost (soft state); the test reports how many.
+func TestSentinelFailover(t *testing.T) {
+	st := redistest.StartSentinel(t)
+	s, err := redisstore.New(redisstore.Options{URL: st.URL(), Timeout: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Mode() != redisstore.ModeSentinel {
+		t.Fatalf("mode %s", s.Mode())
+	}
+	ctx := context.Background()
+	check := []limit.Check{{Key: "failover", Limit: 1 << 30, WindowUS: 3600e6 * 24, Hits: 1}}
+	var admitted atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var failures atomic.Int64
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := s.Evaluate(ctx, check); err != nil {
+				failures.Add(1)
+				time.Sleep(5 * time.Millisecond)
+			} else {
+				admitted.Add(1)
+			}
+		}
+	})
+	time.Sleep(500 * time.Millisecond)
+	oldMaster := st.Master.Addr()
+	st.Master.Kill()
+	killedAt := time.Now()
+	deadline := time.Now().Add(30 * time.Second)
+	var newMaster string
+	for time.Now().Before(deadline) {
+		if a, err := st.MasterAddr(ctx); err == nil && a != oldMaster {
+			newMaster = a
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if newMaster == "" {
+		close(stop)
+		wg.Wait()
+		t.Fatal("no failover within 30s")
+	}
+	// Decisions resume on the new master.
+	before := admitted.Load()
+	for admitted.Load() < before+50 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if admitted.Load() < before+50 {
+		t.Fatalf("no decisions after failover to %s", newMaster)
+	}
+	r, err := s.Evaluate(ctx, []limit.Check{{Key: "failover", Limit: 1 << 30, WindowUS: 3600e6 * 24}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := admitted.Load() - int64(r[0].Count)
+	t.Logf("failover %s -> %s in %v: %d decisions, %d failed calls while no master, counter %d: %d counts lost (the unreplicated tail)",
+		oldMaster, newMaster, time.Since(killedAt).Round(100*time.Millisecond), admitted.Load(), failures.Load(), r[0].Count, lost)
+	if lost < 0 {
+		t.Errorf("counter %d above the %d admitted", r[0].Count, admitted.Load())
+	}
+}

@@ -1,0 +1,139 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// StartTLS runs a redis-server that accepts only TLS connections with
+// certificates from certs, requiring client certificates.
+func StartTLS(t testing.TB, certs *Certs, args ...string) *Server {
+	t.Helper()
+	s := &Server{t: t, bin: Binary(t), dir: t.TempDir(), Port: freePort(t), tls: certs.ClientTLS()}
+	s.args = append([]string{"--tls-cert-file", certs.ServerCert, "--tls-key-file", certs.ServerKey,
+		"--tls-ca-cert-file", certs.CA, "--tls-auth-clients", "yes"}, args...)
+	s.start()
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// ClusterURL returns a redis:// URL naming every node, for go-redis's
+// ParseClusterURL.
+func ClusterURL(nodes []*Server) string {
+	var b strings.Builder
+	b.WriteString("redis://" + nodes[0].Addr())
+	for i, n := range nodes[1:] {
+		if i == 0 {
+			b.WriteString("?")
+		} else {
+			b.WriteString("&")
+		}
+		b.WriteString("addr=" + n.Addr())
+	}
+	return b.String()
+}
+
+// StartCluster runs n masters as one Redis Cluster, the slots split
+// evenly, and waits until every node reports cluster_state:ok.
+func StartCluster(t testing.TB, n int) []*Server {
+	t.Helper()
+	nodes := make([]*Server, n)
+	for i := range nodes {
+		nodes[i] = Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+	}
+	ctx := context.Background()
+	per := 16384 / n
+	for i, s := range nodes {
+		lo, hi := i*per, (i+1)*per-1
+		if i == n-1 {
+			hi = 16383
+		}
+		c := s.Client()
+		if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+			t.Fatalf("redistest: ADDSLOTSRANGE on %s: %v", s.Addr(), err)
+		}
+		if i > 0 {
+			if err := c.ClusterMeet(ctx, "127.0.0.1", fmt.Sprint(nodes[0].Port)).Err(); err != nil {
+				t.Fatalf("redistest: CLUSTER MEET: %v", err)
+			}
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range nodes {
+		c := s.Client()
+		for {
+			info, err := c.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", n)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("redistest: cluster not ok after 20s: %v %s", err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nodes
+}
+
+// Sentinel is a master, its replica and three sentinels watching them.
+type Sentinel struct {
+	Master, Replica *Server
+	Sentinels       []*Server
+	// Name is the monitored master's name.
+	Name string
+}
+
+// URL returns a redis:// URL for go-redis's ParseFailoverURL.
+func (s *Sentinel) URL() string {
+	return fmt.Sprintf("redis://%s?master_name=%s&addr=%s&addr=%s", s.Sentinels[0].Addr(), s.Name, s.Sentinels[1].Addr(), s.Sentinels[2].Addr())
+}
+
+// StartSentinel runs a master, a replica of it, and three sentinels with a
+// quorum of 2 that fail over a second after the master stops answering.
+func StartSentinel(t testing.TB) *Sentinel {
+	t.Helper()
+	st := &Sentinel{Name: "rlmaster"}
+	st.Master = Start(t)
+	st.Replica = Start(t, "--replicaof", "127.0.0.1", fmt.Sprint(st.Master.Port))
+	for range 3 {
+		dir := t.TempDir()
+		conf := filepath.Join(dir, "sentinel.conf")
+		body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %[1]s 1000\nsentinel failover-timeout %[1]s 5000\nsentinel parallel-syncs %[1]s 1\n", st.Name, st.Master.Port)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s := &Server{t: t, bin: Binary(t), dir: dir, Port: freePort(t), sentinelConf: conf}
+		s.start()
+		t.Cleanup(s.Kill)
+		st.Sentinels = append(st.Sentinels, s)
+	}
+	// Wait until the replica is in sync and the sentinels know it.
+	ctx := context.Background()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, _ := st.Replica.Client().Info(ctx, "replication").Result()
+		known, _ := st.Sentinels[0].Client().Do(ctx, "SENTINEL", "REPLICAS", st.Name).Slice()
+		if strings.Contains(info, "master_link_status:up") && len(known) == 1 {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: sentinel setup not ready after 20s: %s", info)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// MasterAddr asks a sentinel which address is the master now.
+func (s *Sentinel) MasterAddr(ctx context.Context) (string, error) {
+	addr, err := s.Sentinels[0].Client().Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", s.Name).StringSlice()
+	if err != nil || len(addr) != 2 {
+		return "", fmt.Errorf("get-master-addr-by-name: %v %v", addr, err)
+	}
+	return addr[0] + ":" + addr[1], nil
+}
+
