@@ -136,4 +136,3 @@ func (s *Sentinel) MasterAddr(ctx context.Context) (string, error) {
 	}
 	return addr[0] + ":" + addr[1], nil
 }
-
