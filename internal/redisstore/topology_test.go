@@ -237,10 +237,12 @@ func TestSentinelFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A call that timed out here may still have run on Redis: the counter
+	// may exceed the admitted calls by at most the failed ones.
 	lost := admitted.Load() - int64(r[0].Count)
-	t.Logf("failover %s -> %s in %v: %d decisions, %d failed calls while no master, counter %d: %d counts lost (the unreplicated tail)",
+	t.Logf("failover %s -> %s in %v: %d decisions, %d failed calls while no master, counter %d: %d counts lost (the unreplicated tail; negative: timed-out calls that ran)",
 		oldMaster, newMaster, time.Since(killedAt).Round(100*time.Millisecond), admitted.Load(), failures.Load(), r[0].Count, lost)
-	if lost < 0 {
-		t.Errorf("counter %d above the %d admitted", r[0].Count, admitted.Load())
+	if -lost > failures.Load() {
+		t.Errorf("counter %d above the %d admitted plus %d failed calls", r[0].Count, admitted.Load(), failures.Load())
 	}
 }
