@@ -75,7 +75,7 @@ func clusterKeys(t *testing.T, nodes []*redistest.Server, base string, n int) []
 		if err != nil {
 			t.Fatal(err)
 		}
-		node := fmt.Sprint(sl * 3 / 16384)
+		node := fmt.Sprint(min(sl/(16384/3), 2))
 		if !seen[node] {
 			seen[node] = true
 			keys = append(keys, k)
@@ -241,5 +241,43 @@ func TestSentinelFailover(t *testing.T) {
 		oldMaster, newMaster, time.Since(killedAt).Round(100*time.Millisecond), admitted.Load(), failures.Load(), r[0].Count, lost)
 	if -lost > failures.Load() {
 		t.Errorf("counter %d above the %d admitted plus %d failed calls", r[0].Count, admitted.Load(), failures.Load())
+	}
+}
+
+// TestClusterMoved reassigns a slot to another master after the store has
+// learned the slot map: Redis answers MOVED and the store follows it.
+func TestClusterMoved(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	s, err := redisstore.New(redisstore.Options{URL: redistest.ClusterURL(nodes), Mode: redisstore.ModeCluster, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.Ping(ctx); err != nil { // learns the slot map
+		t.Fatal(err)
+	}
+	key := "moved:" + fmt.Sprint(time.Now().UnixNano())
+	sl, err := nodes[0].Client().ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := min(int(sl)/(16384/3), 2) // StartCluster's even split
+	target := nodes[(owner+1)%3]
+	targetID, err := target.Client().ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if err := n.Client().Do(ctx, "CLUSTER", "SETSLOT", sl, "NODE", targetID).Err(); err != nil {
+			t.Fatalf("SETSLOT on %s: %v", n.Addr(), err)
+		}
+	}
+	r, err := s.Evaluate(ctx, []limit.Check{{Key: key, Limit: 5, WindowUS: 3600e6, Hits: 1}})
+	if err != nil || r[0].Count != 1 {
+		t.Fatalf("after the slot moved: %+v, %v", r, err)
+	}
+	if n, err := target.Client().Exists(ctx, key).Result(); err != nil || n != 1 {
+		t.Errorf("key not on the slot's new owner %s: %v %v", target.Addr(), n, err)
 	}
 }
