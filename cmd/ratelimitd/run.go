@@ -8,9 +8,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"runtime"
+	"sync"
 	"syscall"
 	"time"
 
@@ -36,6 +39,14 @@ var (
 // run starts the service with args and the environment behind getenv, and
 // serves until ctx is done. Logs go to logOut.
 func run(ctx context.Context, args []string, getenv func(string) string, logOut io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "check-config":
+			return checkConfig(args[1:], logOut)
+		case "healthcheck":
+			return healthcheck(ctx, args[1:], logOut)
+		}
+	}
 	s, err := parseSettings(args, getenv, logOut)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -65,12 +76,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		cache = overlimitcache.New(int(s.localCacheSize))
 	}
 	svc := service.New(rules, store, cache, service.Options{
-		KeyPrefix:       s.keyPrefix,
-		ShadowMode:      s.shadowMode,
-		ResponseHeaders: bool(s.responseHeaders),
-		FailureMode:     s.failureMode,
-		Metrics:         m,
-		Logger:          log,
+		KeyPrefix:        s.keyPrefix,
+		ShadowMode:       s.shadowMode,
+		ResponseHeaders:  bool(s.responseHeaders),
+		FailureMode:      s.failureMode,
+		DecisionMetadata: s.decisionMeta,
+		NearLimitRatio:   s.nearLimitRatio,
+		Metrics:          m,
+		Logger:           log,
 	})
 
 	// Listen before serving so that a port in use is a startup error.
@@ -87,14 +100,41 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	}
 
 	reloadCtx, stopReload := context.WithCancel(ctx)
+	var reloaders sync.WaitGroup
+	defer reloaders.Wait()
 	defer stopReload()
-	go reloadOnHUP(reloadCtx, s.config, svc, m, log)
+	apply := func(rules *config.Snapshot, err error) {
+		m.ConfigLoaded(err == nil, rules.GetHash(), time.Now())
+		if err != nil {
+			log.Error("rules reload failed; keeping the rules in force", "err", err, "hash", svc.Rules().Hash)
+			return
+		}
+		svc.SetRules(rules)
+		log.Info("rules reloaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
+	}
+	reloaders.Go(func() { reloadOnHUP(reloadCtx, s.config, apply) })
+	if s.watch {
+		reloaders.Go(func() {
+			if err := config.Watch(reloadCtx, []string{s.config}, 0, rules.Hash, apply); err != nil {
+				log.Error("cannot watch the rules; reload with SIGHUP", "err", err)
+			}
+		})
+	}
 
 	grpcOpts, err := grpcServerOptions(s)
 	if err != nil {
 		grpcLis.Close()
 		httpLis.Close()
 		return err
+	}
+	if s.debugAddr != "" {
+		dbg, err := startDebug(s.debugAddr, log)
+		if err != nil {
+			grpcLis.Close()
+			httpLis.Close()
+			return err
+		}
+		defer dbg.Close()
 	}
 	srv := server.New(svc, server.Options{
 		GRPCOptions: grpcOpts,
@@ -138,10 +178,9 @@ func newStore(ctx context.Context, s *settings, m *metrics.Metrics, log *slog.Lo
 	return rs, func() { _ = rs.Close() }, nil
 }
 
-// reloadOnHUP loads the rules again on SIGHUP and puts them in force if
-// they are valid; otherwise the rules in force stay and the error is
-// logged with every problem's file and line.
-func reloadOnHUP(ctx context.Context, path string, svc *service.Service, m *metrics.Metrics, log *slog.Logger) {
+// reloadOnHUP loads the rules again on each SIGHUP and hands the result
+// to apply.
+func reloadOnHUP(ctx context.Context, path string, apply func(*config.Snapshot, error)) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -151,14 +190,7 @@ func reloadOnHUP(ctx context.Context, path string, svc *service.Service, m *metr
 			return
 		case <-hup:
 		}
-		rules, err := config.Load(path)
-		m.ConfigLoaded(err == nil, rules.GetHash(), time.Now())
-		if err != nil {
-			log.Error("rules reload failed; keeping the rules in force", "err", err, "hash", svc.Rules().Hash)
-			continue
-		}
-		svc.SetRules(rules)
-		log.Info("rules reloaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
+		apply(config.Load(path))
 	}
 }
 
@@ -170,4 +202,26 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	if l.log.Enabled(ctx, slog.LevelDebug) {
 		l.log.DebugContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 	}
+}
+
+// startDebug serves pprof on addr until the returned server is closed.
+func startDebug(addr string, log *slog.Logger) (*http.Server, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--debug-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(lis); err != nil && err != http.ErrServerClosed {
+			log.Error("debug server stopped", "err", err)
+		}
+	}()
+	log.Info("pprof on --debug-addr", "addr", lis.Addr().String())
+	return srv, nil
 }

@@ -41,6 +41,10 @@ type settings struct {
 	grpcTLSKey      string
 	grpcClientCA    string
 	grpcMaxMessage  byteSize
+	watch           bool
+	decisionMeta    bool
+	debugAddr       string
+	nearLimitRatio  float64
 }
 
 func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
@@ -71,6 +75,10 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.grpcClientCA, "grpc-client-ca", "", "PEM CA file: require and verify client certificates (mTLS)")
 	s.grpcMaxMessage = 1 << 20
 	fs.Var(&s.grpcMaxMessage, "grpc-max-message-size", "largest gRPC request accepted, in bytes (default 1MiB)")
+	fs.BoolVar(&s.watch, "watch", true, "reload the rules when files under --config change (SIGHUP always reloads)")
+	fs.BoolVar(&s.decisionMeta, "decision-metadata", false, "explain each decision in the response's dynamic_metadata (rule and reason per descriptor)")
+	fs.StringVar(&s.debugAddr, "debug-addr", "", "serve pprof on this address (e.g. 127.0.0.1:6060); empty: off")
+	fs.Float64Var(&s.nearLimitRatio, "near-limit-ratio", 0.8, "share of a limit from which an OK decision counts as near_limit in metrics")
 	fs.DurationVar(&s.drainDelay, "drain-delay", 0, "on SIGTERM, keep serving this long with health NOT_SERVING before stopping")
 	return fs
 }
@@ -112,6 +120,8 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, fmt.Errorf("--grpc-max-message-size must be at least 1024, got %d", s.grpcMaxMessage)
 	case s.redisURL == "" && (s.redisMode != "" || s.redisTLSCA != "" || s.redisTLSCert != ""):
 		return nil, errors.New("--redis-mode and --redis-tls-* need --redis-url")
+	case s.nearLimitRatio <= 0 || s.nearLimitRatio > 1:
+		return nil, fmt.Errorf("--near-limit-ratio must be in (0, 1], got %v", s.nearLimitRatio)
 	case s.drainDelay < 0:
 		return nil, fmt.Errorf("--drain-delay must not be negative, got %v", s.drainDelay)
 	}

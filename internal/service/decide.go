@@ -9,6 +9,7 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
@@ -221,16 +222,31 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 	now := s.now()
 	statuses := make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))
 	overLimit, quotaTotal, quotaOver := false, 0, 0
+	var reasons []any
+	if s.opts.DecisionMetadata {
+		reasons = make([]any, len(items))
+	}
+	explain := func(i int, reason string) {
+		if reasons != nil {
+			reasons[i] = map[string]any{"rule": items[i].label, "reason": reason}
+		}
+	}
 	for i := range items {
 		it := &items[i]
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		statuses[i] = st
 		switch it.kind {
 		case noLimit:
+			if it.replaced {
+				explain(i, ReasonReplaced)
+			} else {
+				explain(i, ReasonNoRule)
+			}
 			continue
 		case unlimited:
 			st.LimitRemaining = math.MaxUint32
 			s.m.Decision(domain, it.label, metrics.OutcomeUnlimited)
+			explain(i, metrics.OutcomeUnlimited)
 			continue
 		}
 		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
@@ -272,6 +288,7 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 			over, outcome = false, metrics.OutcomeShadow
 		}
 		s.m.Decision(domain, it.label, outcome)
+		explain(i, outcome)
 		if !over {
 			continue
 		}
@@ -295,8 +312,24 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 	if s.opts.ResponseHeaders {
 		resp.ResponseHeadersToAdd = headers(items, statuses, states)
 	}
+	if reasons != nil {
+		md, err := structpb.NewStruct(map[string]any{"decisions": reasons})
+		if err == nil {
+			resp.DynamicMetadata = md
+		}
+	}
 	return resp
 }
+
+// Reasons in dynamic_metadata besides the metric outcomes (ok,
+// near_limit, over_limit, local_cache, shadow, fail_open, fail_closed,
+// unlimited).
+const (
+	// ReasonNoRule: no rule matched, or the rule has no rate_limit.
+	ReasonNoRule = "no_rule"
+	// ReasonReplaced: the rule's limit was replaced by another's.
+	ReasonReplaced = "replaced"
+)
 
 // failureAnswer decides an item the store could not: its rule's
 // failure_mode, else the global one. A refund is never denied.

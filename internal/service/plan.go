@@ -26,6 +26,7 @@ type item struct {
 	check    int // index into the request's checks when kind == counted
 	override bool
 	failure  config.FailureMode
+	replaced bool
 	label    string // the rule label of metrics: the limit's name, else the rule's path
 }
 
@@ -138,7 +139,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 			continue
 		}
 		if _, ok := replaced[items[i].name]; ok {
-			items[i].kind = noLimit
+			items[i].kind, items[i].replaced = noLimit, true
 		}
 	}
 }

@@ -80,6 +80,11 @@ type Options struct {
 	// NearLimitRatio marks an OK decision near_limit in metrics when the
 	// counter reaches this share of its limit. Zero means 0.8.
 	NearLimitRatio float64
+	// DecisionMetadata explains every decision in the response's
+	// dynamic_metadata: {"decisions": [{"rule": ..., "reason": ...}, ...]},
+	// one entry per descriptor in request order. Envoy stores it under
+	// the filter's metadata namespace, for access logs.
+	DecisionMetadata bool
 	// Metrics receives decision counters. Nil records nothing.
 	Metrics *metrics.Metrics
 	// Logger receives fail-open warnings (at most one a second) and, at

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+)
+
+func opsRule(limit string) string {
+	return "domain: ops\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: " + limit + "}\n"
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// TestHotReload edits the rules while serving: a new limit applies within
+// 2 s, invalid YAML keeps the old rules and is counted, and a symlink swap
+// of the rules directory reloads.
+func TestHotReload(t *testing.T) {
+	root := t.TempDir()
+	for _, v := range []string{"v1", "v2"} {
+		os.Mkdir(filepath.Join(root, v), 0o700)
+	}
+	file := filepath.Join(root, "v1", "rules.yaml")
+	os.WriteFile(file, []byte(opsRule("5")), 0o600)
+	os.WriteFile(filepath.Join(root, "v2", "rules.yaml"), []byte(opsRule("7")), 0o600)
+	current := filepath.Join(root, "current")
+	os.Symlink("v1", current)
+	in := start(t, env(nil), "--config", current)
+	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
+	limitNow := func() uint32 {
+		resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "ops", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit()
+	}
+	waitLimit := func(want uint32, what string) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for limitNow() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: limit still %d after 2 s, want %d\n%s", what, limitNow(), want, in.log.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitLimit(5, "start")
+	os.WriteFile(file, []byte(opsRule("2")), 0o600)
+	waitLimit(2, "edit 5 -> 2")
+	os.WriteFile(file, []byte("domain: ops\ndescriptors: [\n"), 0o600)
+	deadline := time.Now().Add(2 * time.Second)
+	for !strings.Contains(get(t, "http://"+in.httpAddr+"/metrics"), `ratelimitd_config_reloads_total{result="failure"} 1`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("invalid rules not counted:\n%s", in.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := limitNow(); got != 2 {
+		t.Errorf("after invalid YAML the limit is %d, want the old 2", got)
+	}
+	if !strings.Contains(in.log.String(), "rules.yaml:3") && !strings.Contains(in.log.String(), "rules.yaml: invalid YAML") {
+		t.Errorf("the reload error does not name the file:\n%s", in.log.String())
+	}
+	tmp := filepath.Join(root, ".tmp")
+	os.Symlink("v2", tmp)
+	os.Rename(tmp, current)
+	waitLimit(7, "symlink swap")
+	if !strings.Contains(get(t, "http://"+in.httpAddr+"/rlconfig"), "ops.k: unit=hour requests_per_unit=7") {
+		t.Error("/rlconfig does not show the new rules")
+	}
+}
+
+func TestCheckConfig(t *testing.T) {
+	var out syncBuffer
+	if err := run(context.Background(), []string{"check-config", "../../deploy/rules"}, env(nil), &out); err != nil {
+		t.Fatalf("example rules: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "../../deploy/rules: ok: 1 file(s), 1 domain(s)") {
+		t.Errorf("output = %q", out.String())
+	}
+	bad, _ := filepath.Glob("../../config/testdata/*.bad.yaml")
+	if len(bad) < 20 {
+		t.Fatalf("only %d bad files", len(bad))
+	}
+	for _, f := range bad {
+		var out syncBuffer
+		err := run(context.Background(), []string{"check-config", f}, env(nil), &out)
+		if err == nil || !strings.Contains(out.String(), f) {
+			t.Errorf("check-config %s: err %v, output %q: want a failure naming the file", f, err, out.String())
+		}
+	}
+	var all syncBuffer
+	if err := run(context.Background(), []string{"check-config", "../../deploy/rules", bad[0], bad[1]}, env(nil), &all); err == nil || !strings.Contains(err.Error(), "2 of 3 path(s) invalid") {
+		t.Errorf("several paths: %v", err)
+	}
+}
+
+func TestHealthcheckAndDebug(t *testing.T) {
+	debug := freeAddr(t)
+	in := start(t, env(nil), "--config", writeRules(t, opsRule("1")), "--debug-addr", debug, "--decision-metadata")
+	var out syncBuffer
+	if err := run(context.Background(), []string{"healthcheck", "--addr", in.grpcAddr}, env(nil), &out); err != nil || !strings.Contains(out.String(), "SERVING") {
+		t.Errorf("healthcheck: %v %q", err, out.String())
+	}
+	if err := run(context.Background(), []string{"healthcheck", "--addr", freeAddr(t), "--timeout", "300ms"}, env(nil), &out); err == nil {
+		t.Error("healthcheck of nothing succeeded")
+	}
+	if body := get(t, "http://"+debug+"/debug/pprof/"); !strings.Contains(body, "goroutine") {
+		t.Errorf("pprof index = %.200q", body)
+	}
+	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
+	resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "ops",
+		Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "a"), desc("nope", "b")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := resp.GetDynamicMetadata().AsMap()["decisions"]
+	want := `[map[reason:near_limit rule:ops.k] map[reason:no_rule rule:]]`
+	if s := fmt.Sprint(got); s != want {
+		t.Errorf("dynamic_metadata decisions = %s, want %s", s, want)
+	}
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/config"
+)
+
+// checkConfig validates rules the way the server loads them: every
+// problem of every file is printed, one a line, and the exit status is
+// non-zero when there is any.
+func checkConfig(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("ratelimitd check-config", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintln(out, "usage: ratelimitd check-config PATH...  (rules files or directories)")
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errors.New("check-config: no rules path given")
+	}
+	failed := 0
+	for _, p := range fs.Args() {
+		snap, err := config.Load(p)
+		if err != nil {
+			failed++
+			for _, line := range strings.Split(err.Error(), "\n") {
+				fmt.Fprintln(out, line)
+			}
+			continue
+		}
+		rules := 0
+		for _, d := range snap.Domains() {
+			rules += len(snap.Domain(d).Rules())
+		}
+		fmt.Fprintf(out, "%s: ok: %d file(s), %d domain(s), %d rule(s), hash %s\n", p, len(snap.Files), len(snap.Domains()), rules, snap.Hash[:12])
+	}
+	if failed > 0 {
+		return fmt.Errorf("check-config: %d of %d path(s) invalid", failed, fs.NArg())
+	}
+	return nil
+}
+
+// healthcheck asks a server's grpc.health.v1 service and succeeds only on
+// SERVING: the probe for images without a shell.
+func healthcheck(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("ratelimitd healthcheck", flag.ContinueOnError)
+	fs.SetOutput(out)
+	addr := fs.String("addr", "127.0.0.1:8081", "gRPC address of the server")
+	service := fs.String("service", "", "health service name (empty: the whole server)")
+	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
+	ca := fs.String("tls-ca", "", "PEM CA of the server's certificate: connect with TLS")
+	cert := fs.String("tls-cert", "", "PEM client certificate, for a server that requires one")
+	key := fs.String("tls-key", "", "PEM key of --tls-cert")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	creds := insecure.NewCredentials()
+	if *ca != "" {
+		pem, err := os.ReadFile(*ca)
+		if err != nil {
+			return fmt.Errorf("healthcheck: --tls-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(pem)
+		conf := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		if *cert != "" {
+			c, err := tls.LoadX509KeyPair(*cert, *key)
+			if err != nil {
+				return fmt.Errorf("healthcheck: --tls-cert: %w", err)
+			}
+			conf.Certificates = []tls.Certificate{c}
+		}
+		creds = credentials.NewTLS(conf)
+	}
+	cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return fmt.Errorf("healthcheck: %w", err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: *service})
+	if err != nil {
+		return fmt.Errorf("healthcheck %s: %w", *addr, err)
+	}
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("healthcheck %s: %s", *addr, resp.GetStatus())
+	}
+	fmt.Fprintln(out, "SERVING")
+	return nil
+}

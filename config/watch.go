@@ -1,0 +1,75 @@
+package config
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// DefaultDebounce is how long Watch waits after the last file event before
+// loading, so that an editor's or kubelet's burst of writes, renames and
+// symlink swaps gives one reload.
+const DefaultDebounce = 200 * time.Millisecond
+
+// Watch loads the rules at paths whenever something changes there, until
+// ctx is done, and calls onLoad with each new snapshot — or with the error
+// when the rules became invalid (the caller keeps the rules in force).
+// A load whose files hash like the last good one is not reported. It
+// watches each path and its parent directory, non-recursively, which
+// catches in-place writes, editors that write a temporary file and rename
+// it, a symlink to a directory being swapped (ln -sfn), and Kubernetes
+// ConfigMap updates (the "..data" symlink swap inside the mounted
+// directory). It returns an error only when it cannot start watching.
+func Watch(ctx context.Context, paths []string, debounce time.Duration, lastHash string, onLoad func(*Snapshot, error)) error {
+	if debounce <= 0 {
+		debounce = DefaultDebounce
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("config: watch: %w", err)
+	}
+	defer w.Close()
+	for _, p := range paths {
+		dirs := []string{filepath.Dir(filepath.Clean(p))}
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			dirs = append(dirs, p)
+		}
+		for _, d := range dirs {
+			if err := w.Add(d); err != nil {
+				return fmt.Errorf("config: watch %s: %w", d, err)
+			}
+		}
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case _, ok := <-w.Events:
+			if !ok {
+				return nil
+			}
+			timer.Reset(debounce)
+		case err, ok := <-w.Errors:
+			if !ok {
+				return nil
+			}
+			onLoad(nil, fmt.Errorf("config: watch: %w", err))
+		case <-timer.C:
+			snap, err := Load(paths...)
+			switch {
+			case err != nil:
+				onLoad(nil, err)
+			case snap.Hash != lastHash:
+				lastHash = snap.Hash
+				onLoad(snap, nil)
+			}
+		}
+	}
+}
