@@ -1,0 +1,99 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"gopkg.in/yaml.v3"
+)
+
+// semanticOnly are bad files whose problem a schema cannot see; the
+// parser (and check-config) reports them.
+var semanticOnly = map[string]string{
+	"duplicate_key.bad.yaml": "the same descriptor twice at one level",
+	"multi_doc.bad.yaml":     "a second YAML document",
+	"replaces_self.bad.yaml": "a limit replacing its own name",
+}
+
+func compile(t *testing.T) *jsonschema.Schema {
+	t.Helper()
+	c := jsonschema.NewCompiler()
+	s, err := c.Compile("rules.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// validate converts a YAML file to JSON values and validates it; a file
+// that is not even a YAML mapping with string keys is invalid.
+func validate(s *jsonschema.Schema, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var doc any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return err
+	}
+	js, err := json.Marshal(doc)
+	if err != nil {
+		return err
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(js))
+	if err != nil {
+		return err
+	}
+	return s.Validate(v)
+}
+
+func TestSchemaAgainstFiles(t *testing.T) {
+	s := compile(t)
+	good, _ := filepath.Glob("../config/testdata/*.good.yaml")
+	examples, _ := filepath.Glob("../deploy/rules/*.yaml")
+	good = append(good, examples...)
+	if len(good) < 2 {
+		t.Fatalf("good files: %v", good)
+	}
+	for _, f := range good {
+		if err := validate(s, f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	bad, _ := filepath.Glob("../config/testdata/*.bad.yaml")
+	for _, f := range bad {
+		err := validate(s, f)
+		if why, ok := semanticOnly[filepath.Base(f)]; ok {
+			if err != nil {
+				t.Errorf("%s (%s) is now caught by the schema: drop it from semanticOnly", f, why)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("%s passes the schema", f)
+		}
+	}
+}
+
+// TestSchemaNamesEveryField keeps the schema and the parser's allow-lists
+// in step: every field the parser knows is in the schema and documented in
+// the README.
+func TestSchemaNamesEveryField(t *testing.T) {
+	schema, _ := os.ReadFile("rules.schema.json")
+	readme, _ := os.ReadFile("../README.md")
+	for _, field := range []string{"domain", "descriptors", "key", "value", "rate_limit", "shadow_mode", "quota_mode",
+		"detailed_metric", "value_to_metric", "share_threshold", "metadata", "failure_mode", "unit",
+		"requests_per_unit", "unlimited", "name", "replaces"} {
+		if !strings.Contains(string(schema), `"`+field+`"`) {
+			t.Errorf("schema lacks %q", field)
+		}
+		if !strings.Contains(string(readme), field+":") {
+			t.Errorf("README rules reference lacks %q", field)
+		}
+	}
+}
