@@ -252,4 +252,3 @@ func TestAlertsAndDashboardUseRealMetrics(t *testing.T) {
 		}
 	}
 }
-
