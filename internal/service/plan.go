@@ -119,7 +119,10 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 			replaced[name] = struct{}{}
 		}
 		it.rule, it.name, it.label = r, l.Name, l.Name
-		if it.label == "" {
+		switch {
+		case r.DetailedMetric && s.m != nil:
+			it.label = s.detailed.label(dom.Name, r, d.GetEntries())
+		case it.label == "":
 			it.label = r.Path
 		}
 		it.shadow, it.quota, it.failure = r.ShadowMode, r.QuotaMode, r.FailureMode

@@ -85,6 +85,10 @@ type Options struct {
 	// one entry per descriptor in request order. Envoy stores it under
 	// the filter's metadata namespace, for access logs.
 	DecisionMetadata bool
+	// DetailedMetricCap bounds the distinct request values each
+	// detailed_metric rule adds to metric labels. Zero means
+	// DefaultDetailedMetricCap.
+	DetailedMetricCap int
 	// Metrics receives decision counters. Nil records nothing.
 	Metrics *metrics.Metrics
 	// Logger receives fail-open warnings (at most one a second) and, at
@@ -107,6 +111,8 @@ type Service struct {
 	stats Stats
 	m     *metrics.Metrics
 
+	detailed detailedLabels
+
 	lastFailLog atomic.Int64 // unix ns of the last fail-open log line
 }
 
@@ -126,6 +132,9 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	if opts.FailureMode == config.FailureUnset {
 		opts.FailureMode = config.FailureAllow
 	}
+	if opts.DetailedMetricCap <= 0 {
+		opts.DetailedMetricCap = DefaultDetailedMetricCap
+	}
 	if opts.DeadlineMargin <= 0 {
 		opts.DeadlineMargin = DefaultDeadlineMargin
 	}
@@ -139,6 +148,7 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.detailed.cap = opts.DetailedMetricCap
 	s.rules.Store(rules)
 	return s
 }
@@ -148,6 +158,7 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 // entries suspect.
 func (s *Service) SetRules(rules *config.Snapshot) {
 	s.rules.Store(rules)
+	s.detailed.reset()
 	if s.cache != nil {
 		s.cache.Clear()
 	}

@@ -592,3 +592,24 @@ func TestInvalidRequests(t *testing.T) {
 		t.Errorf("no rules: err = %v", err)
 	}
 }
+
+func TestDetailedMetricCap(t *testing.T) {
+	snap, err := config.Parse("d.yaml", []byte("domain: web\ndescriptors:\n  - key: ip\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 100}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.New("test")
+	s := service.New(snap, memstore.New(memstore.Options{}), nil, service.Options{Metrics: m, DetailedMetricCap: 3})
+	for i := range 10 {
+		call(t, s, request(desc("ip", strconv.Itoa(i))))
+	}
+	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", "web.ip_1", metrics.OutcomeOK)); got != 1 {
+		t.Errorf("web.ip_1 = %v", got)
+	}
+	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", "web.ip.<overflow>", metrics.OutcomeOK)); got != 7 {
+		t.Errorf("overflow = %v, want 7", got)
+	}
+	if n := testutil.CollectAndCount(m.Decisions); n != 4 {
+		t.Errorf("%d series, want 3 values + overflow", n)
+	}
+}
