@@ -166,11 +166,17 @@ func TestRedisPausedUnderLoad(t *testing.T) {
 	if t.Failed() {
 		t.Log(in.log.String())
 	}
-	// The tail is asserted at p95: under the race detector on 2 cores the
-	// test's own gRPC client adds a few ms at p99 (see the logged figures).
+	// Once the breaker is open nothing waits on Redis: the median answer
+	// is under 5 ms end to end, and even the tail stays far below the
+	// 100 ms --redis-timeout a wait would cost. (The store-level breaker
+	// test asserts < 5 ms per call; here the race-instrumented gRPC client
+	// and the other test packages running in parallel add their own tail.)
 	open := sampleLatencies(samples, pausedAt.Add(time.Second), resumedAt)
-	if p95 := open[len(open)*95/100]; p95 >= 5*time.Millisecond {
-		t.Errorf("breaker open: p95 %v, want < 5ms", p95)
+	if p50 := open[len(open)/2]; p50 >= 5*time.Millisecond {
+		t.Errorf("breaker open: p50 %v, want < 5ms", p50)
+	}
+	if p99 := open[len(open)*99/100]; p99 >= 50*time.Millisecond {
+		t.Errorf("breaker open: p99 %v, want well under the 100 ms timeout", p99)
 	}
 	for _, ph := range []struct {
 		name     string
