@@ -1,13 +1,30 @@
 package limit
 
+// Algorithm is how a counter decides.
+type Algorithm uint8
+
+// The algorithms. Their numbers travel to the Lua script; keep them.
+const (
+	// FixedWindow counts hits in windows aligned to multiples of the
+	// window length on the store's clock.
+	FixedWindow Algorithm = 0
+	// SlidingWindow estimates the hits of the last window length: the
+	// current window's count plus the previous window's count weighted by
+	// the share of it still inside the sliding window.
+	SlidingWindow Algorithm = 1
+	// TokenBucket is GCRA: Limit per window is the rate, Burst the
+	// capacity; the state is one theoretical arrival time.
+	TokenBucket Algorithm = 2
+)
+
 // Check is one counter of a request, as the service asks a store to decide it.
 type Check struct {
 	// Key is the counter's store key, from [Encoder].
 	Key string
-	// Limit is the number of hits allowed per window.
+	// Limit is the number of hits allowed per window (the rate, for a
+	// token bucket).
 	Limit uint64
-	// WindowUS is the window length in microseconds; windows are aligned
-	// to multiples of it on the store's clock.
+	// WindowUS is the window length in microseconds.
 	WindowUS int64
 	// Hits is what this request adds (or gives back, with Refund). Zero
 	// checks the counter without consuming.
@@ -19,24 +36,40 @@ type Check struct {
 	// being over its limit does not stop the request's other counters from
 	// consuming.
 	NoVeto bool
+	// Algorithm decides the counter; the zero value is FixedWindow.
+	Algorithm Algorithm
+	// Burst is a token bucket's capacity; zero means Limit.
+	Burst uint64
 }
 
 // Result is a store's decision on one [Check].
 type Result struct {
-	// Over reports that the check's own limit would be exceeded by its hits.
+	// Over reports that the check's own hits would exceed its limit.
 	Over bool
-	// Count is the counter's value after the decision.
-	Count uint64
-	// ResetUS is the time until the window ends, in microseconds.
+	// Remaining is how many more hits the counter allows right now, after
+	// the decision.
+	Remaining uint64
+	// ResetUS is, for windows, the time until the current window ends;
+	// for a token bucket, the time until one more hit is allowed (0 when
+	// one is allowed now).
 	ResetUS int64
 }
 
-// Remaining is the number of hits left in the window after the decision.
-func (r Result) Remaining(limit uint64) uint64 {
-	if r.Count >= limit {
-		return 0
-	}
-	return limit - r.Count
+// Used returns how much of limit a window counter has used: limit less
+// Remaining. (For a token bucket, the tokens missing from a full bucket of
+// limit.)
+func (r Result) Used(limit uint64) uint64 { return limit - min(limit, r.Remaining) }
+
+// State is a counter's stored state.
+type State struct {
+	// End is the window end (µs) of FixedWindow and SlidingWindow.
+	End int64
+	// Count is the hits of the window ending at End.
+	Count uint64
+	// Prev is SlidingWindow's count of the window before End's.
+	Prev uint64
+	// TAT is TokenBucket's theoretical arrival time (µs).
+	TAT int64
 }
 
 // WindowEnd returns the end of the fixed window holding nowUS.
@@ -44,35 +77,170 @@ func WindowEnd(nowUS, windowUS int64) int64 {
 	return nowUS - nowUS%windowUS + windowUS
 }
 
-// Apply decides one request's checks, all or nothing, given each counter's
-// count in the current window, and updates counts in place.
-//
-// A consuming check is over when count+hits > limit. If any over check
-// does not have NoVeto, the request is rejected and no counter consumes.
-// Otherwise every check that is not itself over consumes its hits. Refunds
-// always apply and never go below zero. It reports whether the request was
-// admitted.
-func Apply(checks []Check, counts []uint64, results []Result) bool {
+// Grace is how long a key outlives the moment its state stops mattering.
+// The state itself (window end, arrival time) decides, never the TTL, so
+// the grace only keeps a key from expiring early on a clock that runs
+// ahead of Redis's expiry clock (a test's scripted clock).
+const GraceUS = 1_000_000
+
+// Decide decides one request's checks at nowUS, all or nothing, from each
+// counter's stored state (found[i] false: none). It updates states in
+// place, fills results, and sets expire[i] to the absolute µs after which
+// the new state is useless, or 0 when the key should be deleted. It
+// reports whether the request was admitted: no check without NoVeto is
+// over. Every store implements exactly this; redisstore's Lua mirrors it
+// operation for operation, in integers.
+func Decide(checks []Check, states []State, found []bool, nowUS int64, results []Result, expire []int64) bool {
 	admitted := true
-	for i, c := range checks {
-		over := !c.Refund && counts[i]+c.Hits > c.Limit
-		results[i].Over = over
-		if over && !c.NoVeto {
+	for i := range checks {
+		c := &checks[i]
+		if !found[i] {
+			states[i] = State{}
+		}
+		states[i] = normalize(c, states[i], nowUS)
+		results[i].Over = !c.Refund && over(c, &states[i], nowUS, c.Hits)
+		if results[i].Over && !c.NoVeto {
 			admitted = false
 		}
 	}
-	for i, c := range checks {
-		switch {
-		case c.Refund:
-			if counts[i] > c.Hits {
-				counts[i] -= c.Hits
-			} else {
-				counts[i] = 0
-			}
-		case admitted && !results[i].Over:
-			counts[i] += c.Hits
-		}
-		results[i].Count = counts[i]
+	for i := range checks {
+		c := &checks[i]
+		consume := admitted && !results[i].Over && !c.Refund
+		apply(c, &states[i], nowUS, consume)
+		results[i].Remaining, results[i].ResetUS, expire[i] = report(c, &states[i], nowUS)
 	}
 	return admitted
+}
+
+// normalize brings a stored state to nowUS: counts of past windows move
+// or drop, a token bucket's arrival time is at least now.
+func normalize(c *Check, st State, now int64) State {
+	switch c.Algorithm {
+	case SlidingWindow:
+		end := WindowEnd(now, c.WindowUS)
+		switch st.End {
+		case end:
+		case end - c.WindowUS:
+			st = State{End: end, Prev: st.Count}
+		default:
+			st = State{End: end}
+		}
+	case TokenBucket:
+		st.TAT = max(st.TAT, now)
+	default:
+		end := WindowEnd(now, c.WindowUS)
+		if st.End != end {
+			st = State{End: end}
+		}
+	}
+	return st
+}
+
+// over reports whether hits more would exceed the limit.
+func over(c *Check, st *State, now int64, hits uint64) bool {
+	switch c.Algorithm {
+	case SlidingWindow:
+		return estimate(c, st, now)+hits > c.Limit
+	case TokenBucket:
+		if c.Limit == 0 {
+			return hits > 0
+		}
+		t := interval(c)
+		room := capacity(c, t) - (st.TAT - now) // in µs of arrivals still allowed
+		return hits > 0 && (room < 0 || hits > uint64(room)/uint64(t))
+	default:
+		return st.Count+hits > c.Limit
+	}
+}
+
+func apply(c *Check, st *State, now int64, consume bool) {
+	switch c.Algorithm {
+	case TokenBucket:
+		if c.Limit == 0 {
+			return
+		}
+		t := interval(c)
+		switch {
+		case c.Refund:
+			// Never below now: a bucket holds at most Burst tokens.
+			if c.Hits >= uint64((st.TAT-now+t-1)/t) {
+				st.TAT = now
+			} else {
+				st.TAT -= int64(c.Hits) * t
+			}
+		case consume:
+			st.TAT += int64(c.Hits) * t
+		}
+	default:
+		switch {
+		case c.Refund:
+			st.Count -= min(st.Count, c.Hits)
+		case consume:
+			st.Count += c.Hits
+		}
+	}
+}
+
+// report returns the remaining hits, the reset and the expiry of a state.
+func report(c *Check, st *State, now int64) (remaining uint64, resetUS, expireAt int64) {
+	switch c.Algorithm {
+	case SlidingWindow:
+		est := estimate(c, st, now)
+		if est < c.Limit {
+			remaining = c.Limit - est
+		}
+		if st.Count > 0 || st.Prev > 0 {
+			// The count is needed through the next window, as its Prev.
+			expireAt = st.End + c.WindowUS + GraceUS
+		}
+		return remaining, st.End - now, expireAt
+	case TokenBucket:
+		if c.Limit == 0 {
+			return 0, c.WindowUS, 0
+		}
+		t := interval(c)
+		room := capacity(c, t) - (st.TAT - now)
+		if room > 0 {
+			remaining = uint64(room / t)
+		}
+		if remaining == 0 {
+			resetUS = st.TAT + t - capacity(c, t) - now
+		}
+		if st.TAT > now {
+			expireAt = st.TAT + GraceUS
+		}
+		return remaining, max(resetUS, 0), expireAt
+	default:
+		if st.Count < c.Limit {
+			remaining = c.Limit - st.Count
+		}
+		if st.Count > 0 {
+			expireAt = st.End + GraceUS
+		}
+		return remaining, st.End - now, expireAt
+	}
+}
+
+// estimate is the sliding window's count: the current window's plus the
+// previous one's weighted by the share of it the sliding window still
+// covers, in parts per million, all in exact integers.
+func estimate(c *Check, st *State, now int64) uint64 {
+	left := st.End - now // µs of the current window still to come: the previous window's share
+	ppm := left / (c.WindowUS / 1_000_000)
+	return st.Count + st.Prev*uint64(ppm)/1_000_000
+}
+
+// interval is a token bucket's emission interval: the window over the
+// rate, rounded up so the rate is never exceeded.
+func interval(c *Check) int64 {
+	return (c.WindowUS + int64(c.Limit) - 1) / int64(c.Limit)
+}
+
+// capacity is the bucket's size in µs of arrivals: Burst intervals.
+func capacity(c *Check, t int64) int64 {
+	b := c.Burst
+	if b == 0 {
+		b = c.Limit
+	}
+	return int64(b) * t
 }

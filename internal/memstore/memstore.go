@@ -1,5 +1,5 @@
-// Package memstore is the embedded, in-process store: the same fixed-window
-// semantics as redisstore (decided by [limit.Apply]), for a single instance,
+// Package memstore is the embedded, in-process store: the same semantics as
+// redisstore (decided by [limit.Decide]), for a single instance,
 // for trying ratelimitd out, and as the oracle the Redis store is tested
 // against. Limits are per process: two instances each admit the full limit.
 package memstore
@@ -36,8 +36,8 @@ type shard struct {
 }
 
 type counter struct {
-	windowEnd int64 // µs
-	count     uint64
+	state    limit.State
+	expireAt int64 // µs; the state is useless from then on
 }
 
 // New returns an empty store.
@@ -68,23 +68,22 @@ func (s *Store) Evaluate(_ context.Context, checks []limit.Check) ([]limit.Resul
 		s.shards[i].mu.Lock()
 		s.shards[i].sweepLocked(now)
 	}
-	counts := make([]uint64, len(checks))
-	ends := make([]int64, len(checks))
+	states := make([]limit.State, len(checks))
+	found := make([]bool, len(checks))
 	for i, c := range checks {
-		ends[i] = limit.WindowEnd(now, c.WindowUS)
-		if ctr, ok := s.shards[idx[i]].counters[c.Key]; ok && ctr.windowEnd == ends[i] {
-			counts[i] = ctr.count
+		if ctr, ok := s.shards[idx[i]].counters[c.Key]; ok && ctr.expireAt > now {
+			states[i], found[i] = ctr.state, true
 		}
 	}
 	results := make([]limit.Result, len(checks))
-	limit.Apply(checks, counts, results)
+	expire := make([]int64, len(checks))
+	limit.Decide(checks, states, found, now, results, expire)
 	for i, c := range checks {
-		results[i].ResetUS = ends[i] - now
 		sh := &s.shards[idx[i]]
-		if counts[i] == 0 {
+		if expire[i] == 0 {
 			delete(sh.counters, c.Key)
 		} else {
-			sh.counters[c.Key] = counter{windowEnd: ends[i], count: counts[i]}
+			sh.counters[c.Key] = counter{state: states[i], expireAt: expire[i]}
 		}
 	}
 	for _, i := range locked {
@@ -115,7 +114,7 @@ func (sh *shard) sweepLocked(now int64) {
 	}
 	sh.nextSweep = now + int64(time.Second/time.Microsecond)
 	for k, c := range sh.counters {
-		if c.windowEnd <= now {
+		if c.expireAt <= now {
 			delete(sh.counters, k)
 		}
 	}

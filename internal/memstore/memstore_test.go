@@ -25,7 +25,7 @@ func TestWindowResets(t *testing.T) {
 	}
 	now = now.Add(20 * time.Second)
 	r, _ := s.Evaluate(context.Background(), c)
-	if r[0].Over || r[0].Count != 1 {
+	if r[0].Over || r[0].Remaining != 1 {
 		t.Fatalf("new window: %+v", r[0])
 	}
 	now = now.Add(5 * time.Minute)
@@ -57,7 +57,7 @@ func TestConcurrentExact(t *testing.T) {
 		t.Errorf("admitted %d, want 100", ok.Load())
 	}
 	r, _ := s.Evaluate(context.Background(), []limit.Check{{Key: "b", Limit: 1000, WindowUS: 3600e6}})
-	if r[0].Count != 100 {
-		t.Errorf("b consumed %d, want 100 (rejected requests consume nothing)", r[0].Count)
+	if r[0].Used(1000) != 100 {
+		t.Errorf("b consumed %d, want 100 (rejected requests consume nothing)", r[0].Used(1000))
 	}
 }

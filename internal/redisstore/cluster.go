@@ -121,11 +121,11 @@ func (s *Store) undo(ctx context.Context, checks []limit.Check, done []slotGroup
 			}
 			for j, i := range c.idx {
 				if checks[i].Refund || c.checks[j].Refund {
-					results[i].Count, results[i].ResetUS = res[j].Count, res[j].ResetUS
+					results[i].Remaining, results[i].ResetUS = res[j].Remaining, res[j].ResetUS
 				} else {
 					// A read: over when this request's hits would not fit.
 					results[i] = res[j]
-					results[i].Over = res[j].Count+checks[i].Hits > checks[i].Limit
+					results[i].Over = checks[i].Hits > res[j].Remaining
 				}
 			}
 		})

@@ -192,7 +192,7 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	start := time.Now()
 	keys := make([]string, len(checks))
-	args := make([]any, 1, 1+4*len(checks))
+	args := make([]any, 1, 1+6*len(checks))
 	args[0] = "0"
 	if s.now != nil {
 		args[0] = strconv.FormatInt(s.now().UnixMicro(), 10)
@@ -206,7 +206,7 @@ func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result,
 		if c.NoVeto {
 			flags |= 2
 		}
-		args = append(args, c.Limit, c.WindowUS, c.Hits, flags)
+		args = append(args, c.Limit, c.WindowUS, c.Hits, flags, uint8(c.Algorithm), c.Burst)
 	}
 	res, err := s.script.EvalSha(ctx, s.client, keys, args...).Result()
 	if err != nil && isNoScript(err) {
@@ -227,9 +227,9 @@ func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result,
 	out := make([]limit.Result, len(checks))
 	for i := range out {
 		over, _ := vals[3*i].(int64)
-		count, _ := vals[3*i+1].(int64)
+		remaining, _ := vals[3*i+1].(int64)
 		reset, _ := vals[3*i+2].(int64)
-		out[i] = limit.Result{Over: over == 1, Count: uint64(count), ResetUS: reset}
+		out[i] = limit.Result{Over: over == 1, Remaining: uint64(remaining), ResetUS: reset}
 	}
 	return out, nil
 }

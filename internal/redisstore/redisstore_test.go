@@ -61,8 +61,8 @@ func TestAllOrNothingAndTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r[0].Count != 1 || r[1].Count != 1 {
-		t.Errorf("counts = %d,%d, want 1,1: the requests b rejected must not consume a", r[0].Count, r[1].Count)
+	if r[0].Used(10) != 1 || r[1].Used(1) != 1 {
+		t.Errorf("counts = %d,%d, want 1,1: the requests b rejected must not consume a", r[0].Used(10), r[1].Used(1))
 	}
 	if r[0].ResetUS <= 0 || r[0].ResetUS > 3600e6 {
 		t.Errorf("reset = %d", r[0].ResetUS)
@@ -87,7 +87,7 @@ func TestHealsKeyWithoutTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r[0].Over || r[0].Count != 1 {
+	if r[0].Over || r[0].Used(10) != 1 {
 		t.Errorf("leaked key decision = %+v, want OK with count 1", r[0])
 	}
 	if ttl := rdb.PTTL(ctx, "leaked").Val(); ttl <= 0 || ttl > time.Minute+time.Second {
@@ -110,13 +110,13 @@ func TestRefund(t *testing.T) {
 	s.Evaluate(ctx, []limit.Check{c})
 	c.Refund, c.Hits = true, 2
 	r, _ := s.Evaluate(ctx, []limit.Check{c})
-	if r[0].Count != 1 || r[0].Over {
+	if r[0].Used(5) != 1 || r[0].Over {
 		t.Errorf("after refund of 2: %+v, want count 1", r[0])
 	}
 	c.Hits = 100
 	r, _ = s.Evaluate(ctx, []limit.Check{c})
-	if r[0].Count != 0 {
-		t.Errorf("refund below zero: count %d", r[0].Count)
+	if r[0].Used(5) != 0 {
+		t.Errorf("refund below zero: count %d", r[0].Used(5))
 	}
 }
 
@@ -151,8 +151,11 @@ func TestUnavailable(t *testing.T) {
 	}
 }
 
-// TestMatchesMemstore feeds the same random traffic, on the same scripted
-// clock, to the Lua script and to memstore, and requires identical results.
+// TestMatchesMemstore is the differential test: the same random traffic,
+// on the same scripted clock, to the Lua script and to memstore (the Go
+// definition in limit.Decide), every algorithm mixed in one request, with
+// bursts, gaps across windows, hits above 1, peeks, refunds and shadow
+// counters. Every decision must be identical.
 func TestMatchesMemstore(t *testing.T) {
 	srv := redistest.Start(t)
 	var clock atomic.Int64
@@ -161,36 +164,49 @@ func TestMatchesMemstore(t *testing.T) {
 	rs := newStore(t, srv, now)
 	ms := memstore.New(memstore.Options{Now: now})
 	rng := rand.New(rand.NewPCG(1, 2))
-	windows := []int64{1e6, 60e6, 3600e6}
+	type rule struct {
+		algo     limit.Algorithm
+		windowUS int64
+		limit    uint64
+		burst    uint64
+	}
+	rules := []rule{
+		{limit.FixedWindow, 1e6, 5, 0}, {limit.FixedWindow, 60e6, 11, 0}, {limit.FixedWindow, 300e6, 0, 0},
+		{limit.SlidingWindow, 1e6, 7, 0}, {limit.SlidingWindow, 10e6, 20, 0}, {limit.SlidingWindow, 3600e6, 3, 0},
+		{limit.TokenBucket, 1e6, 10, 0}, {limit.TokenBucket, 1e6, 3, 8}, {limit.TokenBucket, 60e6, 7, 2}, {limit.TokenBucket, 5e6, 0, 0},
+	}
 	ctx := context.Background()
-	for i := 0; i < 4000; i++ {
-		if rng.IntN(10) == 0 {
-			clock.Add(rng.Int64N(3e6)) // gaps, sometimes across windows
+	const requests = 6000
+	counts := map[limit.Algorithm]int{}
+	for i := range requests {
+		switch r := rng.IntN(20); {
+		case r == 0:
+			clock.Add(rng.Int64N(15e6)) // a gap, often across windows
+		case r < 8:
+			clock.Add(rng.Int64N(200e3))
 		}
 		n := 1 + rng.IntN(3)
-		checks := make([]limit.Check, n)
-		for j := range checks {
-			w := rng.IntN(len(windows))
-			checks[j] = limit.Check{
-				Key:      fmt.Sprintf("k%d:%d", w, rng.IntN(5)),
-				Limit:    uint64(rng.IntN(12)),
-				WindowUS: windows[w],
-				Hits:     uint64(rng.IntN(4)),
-				Refund:   rng.IntN(15) == 0,
-				NoVeto:   rng.IntN(10) == 0,
-			}
-			// One key, one window: a key never mixes windows in production.
-			checks[j].Key += fmt.Sprintf("|%d", checks[j].WindowUS)
-		}
+		checks := make([]limit.Check, 0, n)
 		seen := map[string]bool{}
-		uniq := checks[:0]
-		for _, c := range checks {
-			if !seen[c.Key] { // the service merges duplicate keys before a store sees them
-				seen[c.Key] = true
-				uniq = append(uniq, c)
+		for range n {
+			ri := rng.IntN(len(rules))
+			ru := rules[ri]
+			key := fmt.Sprintf("r%d:%d", ri, rng.IntN(3))
+			if seen[key] { // the service merges duplicate keys before a store sees them
+				continue
 			}
+			seen[key] = true
+			hits := uint64(rng.IntN(3))
+			if rng.IntN(10) == 0 {
+				hits = uint64(rng.IntN(12))
+			}
+			checks = append(checks, limit.Check{
+				Key: key, Limit: ru.limit, WindowUS: ru.windowUS, Hits: hits,
+				Refund: rng.IntN(15) == 0, NoVeto: rng.IntN(10) == 0,
+				Algorithm: ru.algo, Burst: ru.burst,
+			})
+			counts[ru.algo]++
 		}
-		checks = uniq
 		got, err := rs.Evaluate(ctx, checks)
 		if err != nil {
 			t.Fatal(err)
@@ -198,10 +214,12 @@ func TestMatchesMemstore(t *testing.T) {
 		want, _ := ms.Evaluate(ctx, checks)
 		for j := range want {
 			if got[j] != want[j] {
-				t.Fatalf("request %d check %d %+v: redis %+v, memstore %+v", i, j, checks[j], got[j], want[j])
+				t.Fatalf("request %d check %d %+v at %d: redis %+v, memstore %+v", i, j, checks[j], clock.Load(), got[j], want[j])
 			}
 		}
 	}
+	t.Logf("%d requests identical: %d fixed-window, %d sliding-window, %d token-bucket checks",
+		requests, counts[limit.FixedWindow], counts[limit.SlidingWindow], counts[limit.TokenBucket])
 }
 
 func TestConcurrentExactlyTheLimit(t *testing.T) {

@@ -59,7 +59,7 @@ func TestBreakerKillRestart(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	r, err := s.Evaluate(ctx, hourCheck)
-	if err != nil || r[0].Count != 1 {
+	if err != nil || r[0].Used(1000) != 1 {
 		t.Fatalf("after restart: %+v, %v (want count 1 on the empty Redis)", r, err)
 	}
 	if got := testutil.ToFloat64(m.BreakerTrips); got != 1 {

@@ -176,7 +176,7 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 			if s.cache != nil {
 				s.cache.Forget(ch.Key)
 			}
-		case s.cache != nil && !ch.NoVeto && res[j].Count >= ch.Limit && res[j].ResetUS > 0:
+		case s.cache != nil && !ch.NoVeto && res[j].Remaining == 0 && res[j].ResetUS > 0:
 			// Exhausted: every further hit in this window is over.
 			s.cache.Block(ch.Key, ch.Limit, now.Add(time.Duration(res[j].ResetUS)*time.Microsecond), now)
 		}
@@ -267,14 +267,14 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 			if !ch.Refund && !it.refund {
 				over = cs.res.Over
 				if cs.read {
-					over = cs.res.Count+cs.hits > ch.Limit
+					over = cs.hits > cs.res.Remaining
 				}
 			}
 			if over {
 				outcome = metrics.OutcomeOverLimit
 			} else {
-				st.LimitRemaining = remaining(cs.res.Count, it.rpu)
-				if float64(cs.res.Count) >= s.opts.NearLimitRatio*float64(it.rpu) {
+				st.LimitRemaining = uint32(min(cs.res.Remaining, math.MaxUint32))
+				if float64(cs.res.Remaining) <= (1-s.opts.NearLimitRatio)*float64(it.rpu) {
 					outcome = metrics.OutcomeNearLimit
 				}
 			}
@@ -344,13 +344,6 @@ func (s *Service) failureAnswer(it *item) (over bool, outcome string) {
 	}
 	s.stats.FailOpen.Add(1)
 	return false, metrics.OutcomeFailOpen
-}
-
-func remaining(count uint64, rpu uint32) uint32 {
-	if count >= uint64(rpu) {
-		return 0
-	}
-	return uint32(uint64(rpu) - count)
 }
 
 // ceilSeconds rounds d up to whole seconds, as envoyproxy/ratelimit
