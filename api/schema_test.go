@@ -88,7 +88,7 @@ func TestSchemaNamesEveryField(t *testing.T) {
 	readme, _ := os.ReadFile("../README.md")
 	for _, field := range []string{"domain", "descriptors", "key", "value", "rate_limit", "shadow_mode", "quota_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "metadata", "failure_mode", "unit",
-		"requests_per_unit", "unlimited", "name", "replaces"} {
+		"requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier"} {
 		if !strings.Contains(string(schema), `"`+field+`"`) {
 			t.Errorf("schema lacks %q", field)
 		}

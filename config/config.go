@@ -20,6 +20,39 @@ type RateLimit struct {
 	Unlimited bool
 	// Replaces lists the names of limits this one removes from a request.
 	Replaces []string
+	// Algorithm decides the counter: AlgorithmFixedWindow (the default),
+	// AlgorithmSlidingWindow or AlgorithmTokenBucket.
+	Algorithm Algorithm
+	// UnitMultiplier makes the window UnitMultiplier units long; 1 when
+	// the file does not say.
+	UnitMultiplier uint32
+	// Burst is a token bucket's capacity; 0 means RequestsPerUnit.
+	Burst uint32
+}
+
+// Window is the length of one window: the unit times the multiplier.
+func (l *RateLimit) Window() time.Duration {
+	return l.Unit.Duration() * time.Duration(max(l.UnitMultiplier, 1))
+}
+
+// Algorithm names how a limit decides. Values match limit.Algorithm.
+type Algorithm uint8
+
+// The algorithms of the rules format.
+const (
+	AlgorithmFixedWindow   Algorithm = 0
+	AlgorithmSlidingWindow Algorithm = 1
+	AlgorithmTokenBucket   Algorithm = 2
+)
+
+var algorithmNames = []string{"fixed_window", "sliding_window", "token_bucket"}
+
+// String returns the name used in rules files.
+func (a Algorithm) String() string {
+	if int(a) < len(algorithmNames) {
+		return algorithmNames[a]
+	}
+	return "unknown"
 }
 
 // Rule is one descriptor node of a domain's tree. Rules are immutable once
@@ -163,6 +196,15 @@ func (s *Snapshot) Dump() string {
 				fmt.Fprintf(&b, "%s: unlimited", r.Path)
 			} else {
 				fmt.Fprintf(&b, "%s: unit=%s requests_per_unit=%d", r.Path, l.Unit, l.RequestsPerUnit)
+				if l.UnitMultiplier > 1 {
+					fmt.Fprintf(&b, " unit_multiplier=%d", l.UnitMultiplier)
+				}
+				if l.Algorithm != AlgorithmFixedWindow {
+					fmt.Fprintf(&b, " algorithm=%s", l.Algorithm)
+				}
+				if l.Burst > 0 {
+					fmt.Fprintf(&b, " burst=%d", l.Burst)
+				}
 			}
 			if l.Name != "" {
 				fmt.Fprintf(&b, " name=%q", l.Name)

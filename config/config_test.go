@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 )
@@ -37,6 +38,9 @@ func TestBadConfigs(t *testing.T) {
 		{"multi_doc.bad.yaml", []string{":4: a second YAML document"}},
 		{"bad_bool.bad.yaml", []string{`:4: descriptors[0].shadow_mode: want true or false, got str "yes please"`}},
 		{"empty.bad.yaml", []string{"empty.bad.yaml: empty file"}},
+		{"bad_algorithm.bad.yaml", []string{`:7: descriptors[0].rate_limit.algorithm: unknown algorithm "leaky" (want fixed_window, sliding_window or token_bucket)`}},
+		{"burst_without_bucket.bad.yaml", []string{":8: descriptors[0].rate_limit.burst: burst needs algorithm: token_bucket"}},
+		{"zero_multiplier.bad.yaml", []string{":7: descriptors[0].rate_limit.unit_multiplier: must be at least 1"}},
 		{"bad_failure_mode.bad.yaml", []string{`:4: descriptors[0].failure_mode: unknown failure_mode "closed" (want allow or deny)`}},
 		{"many_errors.bad.yaml", []string{`:5: descriptors[0].rate_limit.unit: unknown unit "fortnight"`,
 			":6: descriptors[0].rate_limit.requests_per_unit: -3 is out of range", ":7: descriptors[1].key: missing or empty key"}},
@@ -261,4 +265,25 @@ func FuzzLoadConfig(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestAlgorithms(t *testing.T) {
+	snap, err := Load("testdata/algorithms.good.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := snap.Domain("algos")
+	f := d.Match(entries("fixed", "x")).Limit
+	if f.Algorithm != AlgorithmFixedWindow || f.UnitMultiplier != 5 || f.Window() != 5*time.Minute {
+		t.Errorf("fixed = %+v", f)
+	}
+	if s := d.Match(entries("sliding", "x")).Limit; s.Algorithm != AlgorithmSlidingWindow || s.Window() != time.Minute {
+		t.Errorf("sliding = %+v", s)
+	}
+	if b := d.Match(entries("bucket", "x")).Limit; b.Algorithm != AlgorithmTokenBucket || b.Burst != 20 {
+		t.Errorf("bucket = %+v", b)
+	}
+	if !strings.Contains(snap.Dump(), "algos.bucket: unit=second requests_per_unit=10 algorithm=token_bucket burst=20") {
+		t.Errorf("Dump:\n%s", snap.Dump())
+	}
 }

@@ -78,7 +78,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	svc := service.New(rules, store, cache, service.Options{
 		KeyPrefix:        s.keyPrefix,
 		ShadowMode:       s.shadowMode,
-		ResponseHeaders:  bool(s.responseHeaders),
+		ResponseHeaders:  service.HeaderStyle(s.responseHeaders),
 		FailureMode:      s.failureMode,
 		DecisionMetadata: s.decisionMeta,
 		NearLimitRatio:   s.nearLimitRatio,

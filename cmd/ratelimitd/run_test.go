@@ -198,7 +198,7 @@ func TestFlagWinsOverEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.keyPrefix != "flag:" || s.config != "r.yaml" || s.localCacheSize != 64<<20 || !bool(s.responseHeaders) || s.redisTimeout != 20*time.Millisecond {
+	if s.keyPrefix != "flag:" || s.config != "r.yaml" || s.localCacheSize != 64<<20 || s.responseHeaders.String() != "legacy" || s.redisTimeout != 20*time.Millisecond {
 		t.Errorf("settings = %+v", s)
 	}
 }
@@ -216,11 +216,11 @@ func TestEmbeddedStoreEndToEnd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := rlsv3.RateLimitResponse_OK
+		want, headers := rlsv3.RateLimitResponse_OK, 3
 		if i == 10 {
-			want = rlsv3.RateLimitResponse_OVER_LIMIT
+			want, headers = rlsv3.RateLimitResponse_OVER_LIMIT, 4 // and Retry-After
 		}
-		if resp.GetOverallCode() != want || len(resp.GetResponseHeadersToAdd()) != 3 {
+		if resp.GetOverallCode() != want || len(resp.GetResponseHeadersToAdd()) != headers {
 			t.Fatalf("call %d: %v", i, resp)
 		}
 	}

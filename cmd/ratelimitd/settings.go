@@ -12,6 +12,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
 // envPrefix starts the environment variable that mirrors each flag:
@@ -56,7 +57,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address (/json, /healthcheck, /rlconfig)")
 	fs.Var(&s.localCacheSize, "local-cache-size", "bytes of local over-limit cache (e.g. 0, 1048576, 64MiB); 0 turns it off")
 	fs.BoolVar(&s.shadowMode, "shadow-mode", false, "global shadow mode: decide and count, but always answer OK overall")
-	fs.Var(&s.responseHeaders, "response-headers", "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to responses (true|false)")
+	fs.Var(&s.responseHeaders, "response-headers", "rate-limit headers on responses: legacy (RateLimit-Limit/-Remaining/-Reset; a bare --response-headers), draft11 (RateLimit-Policy and RateLimit), or off")
 	fs.DurationVar(&s.redisTimeout, "redis-timeout", redisstore.DefaultTimeout, "bound on each Redis call; a shorter gRPC deadline wins")
 	fs.StringVar(&s.keyPrefix, "key-prefix", "", "prefix of every Redis key; changing it starts every counter afresh")
 	fs.TextVar(&s.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
@@ -153,18 +154,32 @@ func (b *byteSize) Set(s string) error {
 	return nil
 }
 
-// headersFlag turns response headers on. A bare --response-headers means
-// on.
-type headersFlag bool
+// headersFlag is the header style. A bare --response-headers means legacy,
+// as does true; false means off.
+type headersFlag service.HeaderStyle
 
-func (h *headersFlag) String() string   { return strconv.FormatBool(bool(*h)) }
+func (h *headersFlag) String() string {
+	switch service.HeaderStyle(*h) {
+	case service.HeadersLegacy:
+		return "legacy"
+	case service.HeadersDraft11:
+		return "draft11"
+	}
+	return "off"
+}
+
 func (h *headersFlag) IsBoolFlag() bool { return true }
 
 func (h *headersFlag) Set(s string) error {
-	v, err := strconv.ParseBool(s)
-	if err != nil {
-		return fmt.Errorf("want true or false, got %q", s)
+	switch strings.ToLower(s) {
+	case "legacy", "true", "1":
+		*h = headersFlag(service.HeadersLegacy)
+	case "draft11":
+		*h = headersFlag(service.HeadersDraft11)
+	case "off", "false", "0":
+		*h = headersFlag(service.HeadersOff)
+	default:
+		return fmt.Errorf("want legacy, draft11 or off, got %q", s)
 	}
-	*h = headersFlag(v)
 	return nil
 }

@@ -78,8 +78,20 @@ func (e *Encoder) Key(tag string) string {
 
 // FixedWindowTag is the algorithm tag of a fixed window of windowUS
 // microseconds: a change of unit never reuses another unit's counter.
-func FixedWindowTag(windowUS int64) string {
-	return "fw" + strconv.FormatInt(windowUS/1e6, 10) + "s"
+func FixedWindowTag(windowUS int64) string { return Tag(FixedWindow, windowUS) }
+
+// Tag is the key's algorithm tag: "fw", "sw" or "tb", then the window in
+// seconds, so that a change of algorithm, unit or multiplier never reads
+// a counter of another meaning.
+func Tag(a Algorithm, windowUS int64) string {
+	prefix := "fw"
+	switch a {
+	case SlidingWindow:
+		prefix = "sw"
+	case TokenBucket:
+		prefix = "tb"
+	}
+	return prefix + strconv.FormatInt(windowUS/1e6, 10) + "s"
 }
 
 // appendEscaped percent-encodes the bytes the encoding uses as

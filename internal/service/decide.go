@@ -10,6 +10,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
@@ -87,7 +88,8 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 		}
 		if c < 0 {
 			c = len(checks)
-			checks = append(checks, limit.Check{Key: key, Limit: uint64(it.rpu), WindowUS: it.windowUS, NoVeto: noVeto})
+			checks = append(checks, limit.Check{Key: key, Limit: uint64(it.rpu), WindowUS: it.windowUS, NoVeto: noVeto,
+				Algorithm: it.algo, Burst: it.burst})
 			consume, refund = append(consume, 0), append(refund, 0)
 		} else {
 			checks[c].Limit = min(checks[c].Limit, uint64(it.rpu))
@@ -254,6 +256,9 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 			RequestsPerUnit: it.rpu,
 			Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(it.unit),
 		}
+		if it.mult > 1 {
+			st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(it.mult)
+		}
 		cs := &states[it.check]
 		over, outcome := false, metrics.OutcomeOK
 		switch {
@@ -278,7 +283,7 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 					outcome = metrics.OutcomeNearLimit
 				}
 			}
-			st.DurationUntilReset = ceilSeconds(time.Duration(cs.res.ResetUS) * time.Microsecond)
+			st.DurationUntilReset = untilReset(it.algo, cs.res.ResetUS)
 		}
 		if it.quota {
 			quotaTotal++
@@ -309,8 +314,8 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 			s.stats.OverLimit.Add(1)
 		}
 	}
-	if s.opts.ResponseHeaders {
-		resp.ResponseHeadersToAdd = headers(items, statuses, states)
+	if s.opts.ResponseHeaders != HeadersOff {
+		resp.ResponseHeadersToAdd = headers(s.opts.ResponseHeaders, items, statuses, states)
 	}
 	if reasons != nil {
 		md, err := structpb.NewStruct(map[string]any{"decisions": reasons})
@@ -344,6 +349,16 @@ func (s *Service) failureAnswer(it *item) (over bool, outcome string) {
 	}
 	s.stats.FailOpen.Add(1)
 	return false, metrics.OutcomeFailOpen
+}
+
+// untilReset is duration_until_reset: whole seconds for windows (as the
+// incumbent reports), exact for a token bucket, whose next token is often
+// due in milliseconds (0: a request is allowed now).
+func untilReset(a limit.Algorithm, us int64) *durationpb.Duration {
+	if a == limit.TokenBucket {
+		return durationpb.New(time.Duration(us) * time.Microsecond)
+	}
+	return ceilSeconds(time.Duration(us) * time.Microsecond)
 }
 
 // ceilSeconds rounds d up to whole seconds, as envoyproxy/ratelimit

@@ -1,7 +1,9 @@
 package service
 
 import (
+	"fmt"
 	"strconv"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -14,11 +16,33 @@ const (
 	HeaderReset     = "RateLimit-Reset"
 )
 
+// HeaderStyle selects the rate-limit headers added to responses.
+type HeaderStyle uint8
+
+// The header styles.
+const (
+	// HeadersOff adds none.
+	HeadersOff HeaderStyle = iota
+	// HeadersLegacy adds RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset, as envoyproxy/ratelimit does.
+	HeadersLegacy
+	// HeadersDraft11 adds the IETF httpapi draft-11 structured fields
+	// RateLimit-Policy and RateLimit.
+	HeadersDraft11
+)
+
+// Header names beyond the legacy ones.
+const (
+	HeaderPolicy     = "RateLimit-Policy"
+	HeaderRateLimit  = "RateLimit"
+	HeaderRetryAfter = "Retry-After"
+)
+
 // headers describes the most constraining decided descriptor: the first
 // one over its limit (quota-mode ones aside), else the one with the
 // fewest remaining, the first on a tie. Descriptors answered by failure
 // policy are left out: nothing is known of them.
-func headers(items []item, statuses []*rlsv3.RateLimitResponse_DescriptorStatus, states []checkState) []*corev3.HeaderValue {
+func headers(style HeaderStyle, items []item, statuses []*rlsv3.RateLimitResponse_DescriptorStatus, states []checkState) []*corev3.HeaderValue {
 	best := -1
 	for i, st := range statuses {
 		if st.GetCurrentLimit() == nil || states[items[i].check].failed {
@@ -36,9 +60,68 @@ func headers(items []item, statuses []*rlsv3.RateLimitResponse_DescriptorStatus,
 		return nil
 	}
 	st := statuses[best]
-	return []*corev3.HeaderValue{
-		{Key: HeaderLimit, Value: strconv.FormatUint(uint64(st.GetCurrentLimit().GetRequestsPerUnit()), 10)},
-		{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(st.GetLimitRemaining()), 10)},
-		{Key: HeaderReset, Value: strconv.FormatInt(st.GetDurationUntilReset().GetSeconds(), 10)},
+	var out []*corev3.HeaderValue
+	if style == HeadersDraft11 {
+		// Every decided policy, then the state of the most constraining.
+		var policy strings.Builder
+		for i, s := range statuses {
+			if s.GetCurrentLimit() == nil || states[items[i].check].failed {
+				continue
+			}
+			if policy.Len() > 0 {
+				policy.WriteString(", ")
+			}
+			fmt.Fprintf(&policy, "%s;q=%d;w=%d", sfString(items[i].label), s.GetCurrentLimit().GetRequestsPerUnit(), items[i].windowUS/1e6)
+		}
+		out = append(out,
+			&corev3.HeaderValue{Key: HeaderPolicy, Value: policy.String()},
+			&corev3.HeaderValue{Key: HeaderRateLimit, Value: fmt.Sprintf("%s;r=%d;t=%d", sfString(items[best].label), st.GetLimitRemaining(), resetSeconds(st))})
+	} else {
+		out = append(out,
+			&corev3.HeaderValue{Key: HeaderLimit, Value: strconv.FormatUint(uint64(st.GetCurrentLimit().GetRequestsPerUnit()), 10)},
+			&corev3.HeaderValue{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(st.GetLimitRemaining()), 10)},
+			&corev3.HeaderValue{Key: HeaderReset, Value: strconv.FormatInt(resetSeconds(st), 10)})
 	}
+	// Retry-After on a rejection: the longest wait among the descriptors
+	// over their limit, in whole seconds rounded up, at least 1.
+	var retry int64
+	for i, s := range statuses {
+		if s.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT && !items[i].quota {
+			retry = max(retry, resetSeconds(s), 1)
+		}
+	}
+	if retry > 0 {
+		out = append(out, &corev3.HeaderValue{Key: HeaderRetryAfter, Value: strconv.FormatInt(retry, 10)})
+	}
+	return out
+}
+
+// resetSeconds is a status's duration_until_reset in whole seconds,
+// rounded up.
+func resetSeconds(st *rlsv3.RateLimitResponse_DescriptorStatus) int64 {
+	d := st.GetDurationUntilReset()
+	secs := d.GetSeconds()
+	if d.GetNanos() > 0 {
+		secs++
+	}
+	return secs
+}
+
+// sfString encodes s as a Structured Field String (RFC 9651): quoted,
+// with '"' and '\\' escaped and bytes outside printable ASCII dropped.
+func sfString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c >= 0x20 && c < 0x7f:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }

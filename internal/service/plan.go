@@ -19,6 +19,9 @@ type item struct {
 	unit     config.Unit
 	name     string
 	windowUS int64
+	algo     limit.Algorithm
+	burst    uint64
+	mult     uint32
 	hits     uint64
 	refund   bool
 	shadow   bool
@@ -132,7 +135,8 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 		}
 		it.kind = counted
 		it.rpu, it.unit = l.RequestsPerUnit, l.Unit
-		it.windowUS = int64(l.Unit.Duration() / 1000)
+		it.windowUS = l.Window().Microseconds()
+		it.algo, it.burst, it.mult = limit.Algorithm(l.Algorithm), uint64(l.Burst), l.UnitMultiplier
 	}
 	if replaced == nil {
 		return
@@ -163,7 +167,7 @@ func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon
 		for _, e := range ents {
 			enc.Entry(e.GetKey(), e.GetValue())
 		}
-		return enc.Key(limit.FixedWindowTag(it.windowUS))
+		return enc.Key(limit.Tag(it.algo, it.windowUS))
 	}
 	levels := make([]*config.Rule, len(ents))
 	for r, j := it.rule, len(ents)-1; r != nil && j >= 0; r, j = r.Parent(), j-1 {
@@ -177,5 +181,5 @@ func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon
 		}
 		enc.Entry(e.GetKey(), v)
 	}
-	return enc.Key(limit.FixedWindowTag(it.windowUS))
+	return enc.Key(limit.Tag(it.algo, it.windowUS))
 }

@@ -58,9 +58,10 @@ type Options struct {
 	// ShadowMode decides and reports every descriptor as usual but always
 	// answers the overall code OK.
 	ShadowMode bool
-	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
-	// RateLimit-Reset of the most constraining descriptor.
-	ResponseHeaders bool
+	// ResponseHeaders selects the rate-limit headers of the most
+	// constraining descriptor: none (zero), legacy or draft-11. Rejected
+	// requests also get Retry-After.
+	ResponseHeaders HeaderStyle
 	// MaxDescriptors bounds the descriptors of one request. Zero means
 	// DefaultMaxDescriptors.
 	MaxDescriptors int

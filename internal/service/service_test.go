@@ -432,7 +432,7 @@ func TestFailurePolicy(t *testing.T) {
 	cs := &countingStore{Store: memstore.New(memstore.Options{})}
 	cs.fail.Store(true)
 	m := metrics.New("test")
-	s := service.New(rules(t), cs, nil, service.Options{ResponseHeaders: true, Metrics: m})
+	s := service.New(rules(t), cs, nil, service.Options{ResponseHeaders: service.HeadersLegacy, Metrics: m})
 	r := call(t, s, request(desc("zero", "x"), desc("nope", "y"), desc("login", "u")))
 	if codes(r) != "OVER_LIMIT OK OK OVER_LIMIT" {
 		t.Fatalf("store down = %v, want the default rule open, login (deny) closed", codes(r))
@@ -535,7 +535,7 @@ func TestMetrics(t *testing.T) {
 }
 
 func TestHeaders(t *testing.T) {
-	s := service.New(rules(t), memstore.New(memstore.Options{}), nil, service.Options{ResponseHeaders: true})
+	s := service.New(rules(t), memstore.New(memstore.Options{}), nil, service.Options{ResponseHeaders: service.HeadersLegacy})
 	hdrs := func(r *rlsv3.RateLimitResponse) string {
 		var parts []string
 		for _, h := range r.GetResponseHeadersToAdd() {
@@ -550,8 +550,16 @@ func TestHeaders(t *testing.T) {
 		t.Errorf("headers = %q, want %q", got, want)
 	}
 	r = call(t, s, request(desc("ip", "h"), desc("zero", "h")))
-	if got := hdrs(r); !strings.HasPrefix(got, "RateLimit-Limit=0 RateLimit-Remaining=0 RateLimit-Reset=") {
-		t.Errorf("over-limit headers = %q", got)
+	reset = r.GetStatuses()[1].GetDurationUntilReset().GetSeconds()
+	want = "RateLimit-Limit=0 RateLimit-Remaining=0 RateLimit-Reset=" + strconv.FormatInt(reset, 10) + " Retry-After=" + strconv.FormatInt(reset, 10)
+	if got := hdrs(r); got != want {
+		t.Errorf("over-limit headers = %q, want %q", got, want)
+	}
+	d11 := service.New(rules(t), memstore.New(memstore.Options{}), nil, service.Options{ResponseHeaders: service.HeadersDraft11})
+	r = call(t, d11, request(desc("ip", "h"), desc("parent", "p", "child", "c")))
+	want = `RateLimit-Policy="web.ip";q=100;w=3600, "child-limit";q=2;w=1 RateLimit="child-limit";r=1;t=1`
+	if got := hdrs(r); got != want {
+		t.Errorf("draft11 headers = %q, want %q", got, want)
 	}
 	if r := call(t, s, request(desc("nope", "h"))); len(r.GetResponseHeadersToAdd()) != 0 {
 		t.Errorf("headers without a limit: %v", hdrs(r))
