@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -411,6 +414,52 @@ func TestEveryKeyHasTTL(t *testing.T) {
 	for _, k := range keys {
 		if ttl := rdb.PTTL(ctx, k).Val(); ttl <= 0 {
 			t.Errorf("key %q has TTL %v", k, ttl)
+		}
+	}
+}
+
+// TestProductionSendsNoTime watches Redis with MONITOR while the service
+// decides: every script call asks Redis for the time (ARGV[1] "0"); the
+// explicit time the script accepts is for tests only.
+func TestProductionSendsNoTime(t *testing.T) {
+	srv := redistest.Start(t)
+	rules := testRules + "  - key: tb\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket}\n  - key: sw\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_window}\n"
+	in := start(t, env(nil), "--config", writeRules(t, rules), "--redis-url", srv.URL(), "--redis-timeout", "2s")
+	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
+	// MONITOR needs RESP2 in go-redis.
+	mon := redis.NewClient(&redis.Options{Addr: srv.Addr(), Protocol: 2})
+	defer mon.Close()
+	lines := make(chan string, 100)
+	cmd := mon.Monitor(context.Background(), lines)
+	cmd.Start()
+	defer cmd.Stop()
+	time.Sleep(100 * time.Millisecond)
+	const n = 10
+	for i := range n {
+		req := &rlsv3.RateLimitRequest{Domain: "e2e", Descriptors: []*rlcommon.RateLimitDescriptor{desc("user", fmt.Sprint(i)), desc("tb", "x"), desc("sw", "y")}}
+		if _, err := client.ShouldRateLimit(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.After(5 * time.Second)
+	seen := 0
+	for seen < n {
+		select {
+		case line := <-lines:
+			f := strings.Fields(line)
+			if len(f) < 5 || !strings.EqualFold(strings.Trim(f[3], `"`), "evalsha") {
+				continue
+			}
+			keys, err := strconv.Atoi(strings.Trim(f[5], `"`))
+			if err != nil || len(f) <= 6+keys {
+				t.Fatalf("cannot parse %q", line)
+			}
+			if argv1 := strings.Trim(f[6+keys], `"`); argv1 != "0" {
+				t.Errorf("script called with an explicit time %s: %s", argv1, line)
+			}
+			seen++
+		case <-deadline:
+			t.Fatalf("saw %d of %d script calls", seen, n)
 		}
 	}
 }

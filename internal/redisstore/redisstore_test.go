@@ -242,3 +242,62 @@ func TestConcurrentExactlyTheLimit(t *testing.T) {
 		t.Errorf("admitted %d, want 100", ok.Load())
 	}
 }
+
+// TestTimelines runs each algorithm on a scripted clock in Redis: the
+// same timelines internal/limit pins in Go.
+func TestTimelines(t *testing.T) {
+	srv := redistest.Start(t)
+	var clock atomic.Int64
+	clock.Store(1000e6)
+	s := newStore(t, srv, func() time.Time { return time.UnixMicro(clock.Load()) })
+	ctx := context.Background()
+	at := func(us int64, c limit.Check) limit.Result {
+		t.Helper()
+		clock.Store(us)
+		r, err := s.Evaluate(ctx, []limit.Check{c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r[0]
+	}
+	// Sliding window, 10 per 10 s: 10 hits at 9 s weigh on the next window.
+	sw := limit.Check{Key: "sw", Limit: 10, WindowUS: 10e6, Algorithm: limit.SlidingWindow, Hits: 10}
+	if r := at(1009e6, sw); r.Over || r.Remaining != 0 {
+		t.Fatalf("sliding, 10 at 9 s: %+v", r)
+	}
+	sw.Hits = 1
+	for _, step := range []struct {
+		us       int64
+		wantOver bool
+		wantRem  uint64
+	}{
+		{1010e6, true, 0},  // the previous 10 weigh 100 %
+		{1012e6, false, 1}, // 80 %: 8 + 1
+		{1012e6, false, 0}, // 8 + 2
+		{1012e6, true, 0},
+		{1015e6, false, 2}, // 50 %: the previous 10 weigh 5; 5 + 2 + 1 = 8
+	} {
+		if r := at(step.us, sw); r.Over != step.wantOver || r.Remaining != step.wantRem {
+			t.Errorf("sliding at %d µs: %+v, want over=%v remaining=%d", step.us, r, step.wantOver, step.wantRem)
+		}
+	}
+	// Token bucket, 10 a second (a token each 100 ms), burst 5.
+	tb := limit.Check{Key: "tb", Limit: 10, WindowUS: 1e6, Algorithm: limit.TokenBucket, Burst: 5, Hits: 1}
+	for i := range 5 {
+		if r := at(2000e6, tb); r.Over || r.Remaining != uint64(4-i) {
+			t.Fatalf("bucket hit %d: %+v", i, r)
+		}
+	}
+	if r := at(2000e6, tb); !r.Over || r.ResetUS != 100e3 {
+		t.Errorf("6th: %+v, want over, next in 100 ms", r)
+	}
+	if r := at(2000.1e6, tb); r.Over {
+		t.Errorf("after 100 ms: %+v", r)
+	}
+	if ttl := srv.Client().PTTL(ctx, "tb").Val(); ttl <= 0 {
+		t.Errorf("bucket key TTL %v", ttl)
+	}
+	if r := at(2010e6, tb); r.Remaining != 4 {
+		t.Errorf("after 10 s idle: %+v, want a full bucket less one", r)
+	}
+}
