@@ -119,4 +119,3 @@ func TestAlgorithmChangeStartsAfresh(t *testing.T) {
 		}
 	})
 }
-
