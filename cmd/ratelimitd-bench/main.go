@@ -1,0 +1,328 @@
+// Command ratelimitd-bench loads a RateLimitService over gRPC and reports
+// throughput and latency, closed loop (N callers back to back) or open
+// loop (a fixed arrival rate, latency measured from each request's
+// intended send time, so a stall shows instead of hiding). With -noop it
+// is instead a RateLimitService that answers OK doing nothing: the gRPC
+// ceiling of the machine. With -redis and -pid it also reports the Redis
+// and service CPU per decision and the Redis round trips and commands per
+// decision.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "ratelimitd-bench:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	addr, noop, mode, domain, redisAddr string
+	workers, conns, keys, descriptors   int
+	rate                                float64
+	duration, warmup                    time.Duration
+	over, asJSON                        bool
+	pid                                 int
+}
+
+// Report is what one run measured.
+type Report struct {
+	Mode           string  `json:"mode"`
+	Requests       int64   `json:"requests"`
+	Errors         int64   `json:"errors"`
+	OverLimit      int64   `json:"over_limit"`
+	Seconds        float64 `json:"seconds"`
+	RPS            float64 `json:"rps"`
+	P50US          float64 `json:"p50_us"`
+	P99US          float64 `json:"p99_us"`
+	P999US         float64 `json:"p999_us"`
+	MaxUS          float64 `json:"max_us"`
+	RedisCPUUS     float64 `json:"redis_cpu_us_per_decision,omitempty"`
+	RoundTrips     float64 `json:"redis_round_trips_per_decision,omitempty"`
+	Commands       float64 `json:"redis_commands_per_decision,omitempty"`
+	ServiceCPUUS   float64 `json:"service_cpu_us_per_decision,omitempty"`
+	Descriptors    int     `json:"descriptors"`
+	Keys           int     `json:"keys"`
+	RateRequested  float64 `json:"rate_requested,omitempty"`
+	WorkersOrInfly int     `json:"workers"`
+}
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	var o options
+	fs := flag.NewFlagSet("ratelimitd-bench", flag.ContinueOnError)
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8081", "gRPC address of the service under load")
+	fs.StringVar(&o.noop, "noop", "", "serve a no-op RateLimitService on this address instead of loading one")
+	fs.StringVar(&o.mode, "mode", "closed", "closed (workers back to back) or open (fixed -rate)")
+	fs.IntVar(&o.workers, "c", 64, "closed loop: concurrent callers")
+	fs.Float64Var(&o.rate, "rate", 1000, "open loop: requests per second")
+	fs.IntVar(&o.conns, "conns", 4, "gRPC connections")
+	fs.IntVar(&o.keys, "keys", 10000, "distinct descriptor values")
+	fs.IntVar(&o.descriptors, "descriptors", 1, "descriptors per request (keys d0, d1, d2 of deploy/bench/rules.yaml)")
+	fs.BoolVar(&o.over, "over", false, "every request on the always-over key (scenario C)")
+	fs.StringVar(&o.domain, "domain", "bench", "domain")
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured duration")
+	fs.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load first")
+	fs.StringVar(&o.redisAddr, "redis", "", "Redis host:port: report its CPU, round trips and commands per decision")
+	fs.IntVar(&o.pid, "pid", 0, "the service's process id: report its CPU per decision")
+	fs.BoolVar(&o.asJSON, "json", false, "print the report as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if o.noop != "" {
+		return serveNoop(ctx, o.noop)
+	}
+	if o.mode != "closed" && o.mode != "open" {
+		return fmt.Errorf("-mode %q: want closed or open", o.mode)
+	}
+	if o.descriptors < 1 || o.descriptors > 3 {
+		return errors.New("-descriptors must be 1, 2 or 3")
+	}
+	clients := make([]rlsv3.RateLimitServiceClient, o.conns)
+	for i := range clients {
+		cc, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
+	}
+	if o.warmup > 0 {
+		wctx, cancel := context.WithTimeout(ctx, o.warmup)
+		load(wctx, &o, clients, nil)
+		cancel()
+	}
+	before, err := sample(ctx, &o)
+	if err != nil {
+		return err
+	}
+	mctx, cancel := context.WithTimeout(ctx, o.duration)
+	defer cancel()
+	var lat latencies
+	start := time.Now()
+	n, errs, over := load(mctx, &o, clients, &lat)
+	elapsed := time.Since(start).Seconds()
+	after, err := sample(ctx, &o)
+	if err != nil {
+		return err
+	}
+	r := Report{Mode: o.mode, Requests: n, Errors: errs, OverLimit: over, Seconds: elapsed, RPS: float64(n) / elapsed,
+		Descriptors: o.descriptors, Keys: o.keys, WorkersOrInfly: o.workers}
+	if o.mode == "open" {
+		r.RateRequested = o.rate
+	}
+	r.P50US, r.P99US, r.P999US, r.MaxUS = lat.quantiles()
+	if n > 0 && o.redisAddr != "" {
+		r.RedisCPUUS = (after.redisCPU - before.redisCPU) * 1e6 / float64(n)
+		r.RoundTrips = float64(after.evalsha-before.evalsha) / float64(n)
+		r.Commands = float64(after.commands-before.commands) / float64(n)
+	}
+	if n > 0 && o.pid > 0 {
+		r.ServiceCPUUS = (after.serviceCPU - before.serviceCPU) * 1e6 / float64(n)
+	}
+	if o.asJSON {
+		return json.NewEncoder(out).Encode(r)
+	}
+	fmt.Fprintf(out, "%s loop, %d descriptor(s), %d keys: %d requests in %.1fs = %.0f req/s; errors %d, over limit %d\n",
+		r.Mode, r.Descriptors, r.Keys, r.Requests, r.Seconds, r.RPS, r.Errors, r.OverLimit)
+	fmt.Fprintf(out, "latency p50 %.0fµs  p99 %.0fµs  p999 %.0fµs  max %.0fµs\n", r.P50US, r.P99US, r.P999US, r.MaxUS)
+	if o.redisAddr != "" {
+		fmt.Fprintf(out, "redis: %.2f µs CPU, %.3f round trips, %.2f commands per decision\n", r.RedisCPUUS, r.RoundTrips, r.Commands)
+	}
+	if o.pid > 0 {
+		fmt.Fprintf(out, "service: %.2f µs CPU per decision\n", r.ServiceCPUUS)
+	}
+	return nil
+}
+
+// load sends requests until ctx is done and returns the count, errors and
+// OVER_LIMIT answers.
+func load(ctx context.Context, o *options, clients []rlsv3.RateLimitServiceClient, lat *latencies) (n, errs, over int64) {
+	var cn, ce, co atomic.Int64
+	var seq atomic.Uint64
+	one := func(intended time.Time) {
+		i := seq.Add(1)
+		req := request(o, i)
+		resp, err := clients[i%uint64(len(clients))].ShouldRateLimit(context.Background(), req)
+		took := time.Since(intended)
+		cn.Add(1)
+		switch {
+		case err != nil:
+			ce.Add(1)
+		case resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
+			co.Add(1)
+		}
+		if lat != nil {
+			lat.add(took)
+		}
+	}
+	var wg sync.WaitGroup
+	switch o.mode {
+	case "closed":
+		for range o.workers {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					one(time.Now())
+				}
+			})
+		}
+	case "open":
+		interval := time.Duration(float64(time.Second) / o.rate)
+		start := time.Now()
+		// Each request at its intended time, however long the previous
+		// ones take; at most 10000 in flight.
+		sem := make(chan struct{}, 10000)
+		for k := 0; ctx.Err() == nil; k++ {
+			intended := start.Add(time.Duration(k) * interval)
+			if d := time.Until(intended); d > 0 {
+				time.Sleep(d)
+			}
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				one(intended)
+			})
+		}
+	}
+	wg.Wait()
+	return cn.Load(), ce.Load(), co.Load()
+}
+
+func request(o *options, i uint64) *rlsv3.RateLimitRequest {
+	v := strconv.FormatUint(i%uint64(o.keys), 10)
+	req := &rlsv3.RateLimitRequest{Domain: o.domain}
+	if o.over {
+		req.Descriptors = []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "over", Value: v}}}}
+		return req
+	}
+	for d := range o.descriptors {
+		req.Descriptors = append(req.Descriptors, &rlcommon.RateLimitDescriptor{
+			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "d" + strconv.Itoa(d), Value: v}}})
+	}
+	return req
+}
+
+// latencies collects samples safely.
+type latencies struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	l.d = append(l.d, d)
+	l.mu.Unlock()
+}
+
+func (l *latencies) quantiles() (p50, p99, p999, mx float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.d) == 0 {
+		return
+	}
+	slices.Sort(l.d)
+	at := func(q float64) float64 { return float64(l.d[min(len(l.d)-1, int(q*float64(len(l.d))))].Microseconds()) }
+	return at(0.5), at(0.99), at(0.999), float64(l.d[len(l.d)-1].Microseconds())
+}
+
+type counters struct {
+	redisCPU, serviceCPU float64
+	evalsha, commands    int64
+}
+
+// sample reads Redis's CPU and command counts and the service's CPU.
+func sample(ctx context.Context, o *options) (counters, error) {
+	var c counters
+	if o.redisAddr != "" {
+		rdb := redis.NewClient(&redis.Options{Addr: o.redisAddr, DisableIdentity: true})
+		defer rdb.Close()
+		info, err := rdb.Info(ctx, "cpu", "commandstats").Result()
+		if err != nil {
+			return c, fmt.Errorf("-redis: %w", err)
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			k, v, ok := strings.Cut(line, ":")
+			if !ok {
+				continue
+			}
+			switch {
+			case k == "used_cpu_sys" || k == "used_cpu_user":
+				f, _ := strconv.ParseFloat(v, 64)
+				c.redisCPU += f
+			case strings.HasPrefix(k, "cmdstat_"):
+				calls := 0
+				for _, kv := range strings.Split(v, ",") {
+					if n, ok := strings.CutPrefix(kv, "calls="); ok {
+						calls, _ = strconv.Atoi(n)
+					}
+				}
+				if k != "cmdstat_info" {
+					c.commands += int64(calls)
+				}
+				if k == "cmdstat_evalsha" || k == "cmdstat_eval" {
+					c.evalsha += int64(calls)
+				}
+			}
+		}
+	}
+	if o.pid > 0 {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", o.pid))
+		if err != nil {
+			return c, fmt.Errorf("-pid: %w", err)
+		}
+		// Fields after the command name (which may hold spaces): utime is
+		// the 14th field, stime the 15th, in clock ticks (100 a second).
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
+		ut, _ := strconv.ParseFloat(f[11], 64)
+		st, _ := strconv.ParseFloat(f[12], 64)
+		c.serviceCPU = (ut + st) / 100
+	}
+	return c, nil
+}
+
+// noop answers OK to everything without looking at it.
+type noop struct{ rlsv3.UnimplementedRateLimitServiceServer }
+
+func (noop) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+}
+
+func serveNoop(ctx context.Context, addr string) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(srv, noop{})
+	go func() {
+		<-ctx.Done()
+		srv.GracefulStop()
+	}()
+	fmt.Fprintln(os.Stderr, "no-op RateLimitService on", lis.Addr())
+	return srv.Serve(lis)
+}
