@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Reproduces docs/BENCHMARKS.md on this machine: starts its own
+# redis-server on a free port, the no-op server and ratelimitd, runs the
+# scenarios with cmd/ratelimitd-bench, prints each report, and stops what
+# it started. Usage: scripts/bench.sh [duration, default 10s]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR=${1:-10s}
+TMP=$(mktemp -d)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+RPORT=$(free_port); NOOP=$(free_port); GRPC=$(free_port); HTTP=$(free_port)
+go build -o "$TMP/ratelimitd" ./cmd/ratelimitd
+go build -o "$TMP/bench" ./cmd/ratelimitd-bench
+redis-server --bind 127.0.0.1 --port "$RPORT" --save '' --appendonly no --dir "$TMP" --daemonize no --logfile "$TMP/redis.log" &
+RPID=$!
+"$TMP/bench" -noop "127.0.0.1:$NOOP" 2>/dev/null &
+NPID=$!
+"$TMP/ratelimitd" --config deploy/bench/rules.yaml --redis-url "redis://127.0.0.1:$RPORT" \
+	--grpc-addr "127.0.0.1:$GRPC" --http-addr "127.0.0.1:$HTTP" --local-cache-size 16MiB --log-level warn "${@:2}" &
+SPID=$!
+trap 'kill $SPID $NPID $RPID 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
+sleep 1.5
+run() { echo "== $1"; shift; "$TMP/bench" -duration "$DUR" "$@"; }
+run "no-op server, closed loop, 64 callers" -addr "127.0.0.1:$NOOP"
+run "A: 1 descriptor, 10000 keys, closed loop, 64 callers" -addr "127.0.0.1:$GRPC" -redis "127.0.0.1:$RPORT" -pid $SPID
+run "B: 3 descriptors, closed loop, 64 callers" -addr "127.0.0.1:$GRPC" -descriptors 3 -redis "127.0.0.1:$RPORT" -pid $SPID
+run "C: every key over limit, local cache on" -addr "127.0.0.1:$GRPC" -over -redis "127.0.0.1:$RPORT" -pid $SPID
+if [ -n "${OPEN_RATE:-}" ]; then
+	run "A, open loop at $OPEN_RATE/s" -addr "127.0.0.1:$GRPC" -mode open -rate "$OPEN_RATE" -redis "127.0.0.1:$RPORT" -pid $SPID
+fi
