@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"slices"
@@ -49,6 +50,7 @@ type options struct {
 	duration, warmup                    time.Duration
 	over, asJSON                        bool
 	pid                                 int
+	metricsURL                          string
 }
 
 // Report is what one run measured.
@@ -67,6 +69,8 @@ type Report struct {
 	RoundTrips     float64 `json:"redis_round_trips_per_decision,omitempty"`
 	Commands       float64 `json:"redis_commands_per_decision,omitempty"`
 	ServiceCPUUS   float64 `json:"service_cpu_us_per_decision,omitempty"`
+	Pipelines      float64 `json:"redis_pipelines_per_decision,omitempty"`
+	MeanBatch      float64 `json:"mean_batch,omitempty"`
 	Descriptors    int     `json:"descriptors"`
 	Keys           int     `json:"keys"`
 	RateRequested  float64 `json:"rate_requested,omitempty"`
@@ -89,6 +93,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured duration")
 	fs.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load first")
 	fs.StringVar(&o.redisAddr, "redis", "", "Redis host:port: report its CPU, round trips and commands per decision")
+	fs.StringVar(&o.metricsURL, "metrics", "", "the service's /metrics URL: report pipelines (round trips) per decision and the mean batch")
 	fs.IntVar(&o.pid, "pid", 0, "the service's process id: report its CPU per decision")
 	fs.BoolVar(&o.asJSON, "json", false, "print the report as JSON")
 	if err := fs.Parse(args); err != nil {
@@ -142,6 +147,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		r.RoundTrips = float64(after.evalsha-before.evalsha) / float64(n)
 		r.Commands = float64(after.commands-before.commands) / float64(n)
 	}
+	if n > 0 && o.metricsURL != "" {
+		r.Pipelines = (after.batches - before.batches) / float64(n)
+		if after.batches > before.batches {
+			r.MeanBatch = (after.batched - before.batched) / (after.batches - before.batches)
+		}
+	}
 	if n > 0 && o.pid > 0 {
 		r.ServiceCPUUS = (after.serviceCPU - before.serviceCPU) * 1e6 / float64(n)
 	}
@@ -156,6 +167,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if o.pid > 0 {
 		fmt.Fprintf(out, "service: %.2f µs CPU per decision\n", r.ServiceCPUUS)
+	}
+	if o.metricsURL != "" {
+		fmt.Fprintf(out, "batching: %.3f pipelines (round trips) per decision, mean batch %.1f\n", r.Pipelines, r.MeanBatch)
 	}
 	return nil
 }
@@ -253,6 +267,7 @@ func (l *latencies) quantiles() (p50, p99, p999, mx float64) {
 type counters struct {
 	redisCPU, serviceCPU float64
 	evalsha, commands    int64
+	batches, batched     float64
 }
 
 // sample reads Redis's CPU and command counts and the service's CPU.
@@ -290,6 +305,27 @@ func sample(ctx context.Context, o *options) (counters, error) {
 			}
 		}
 	}
+	if o.metricsURL != "" {
+		resp, err := http.Get(o.metricsURL)
+		if err != nil {
+			return c, fmt.Errorf("-metrics: %w", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, line := range strings.Split(string(body), "\n") {
+			name, v, ok := strings.Cut(line, " ")
+			if !ok {
+				continue
+			}
+			f, _ := strconv.ParseFloat(v, 64)
+			switch name {
+			case "ratelimitd_redis_batch_size_count":
+				c.batches = f
+			case "ratelimitd_redis_batch_size_sum":
+				c.batched = f
+			}
+		}
+	}
 	if o.pid > 0 {
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", o.pid))
 		if err != nil {
@@ -306,7 +342,9 @@ func sample(ctx context.Context, o *options) (counters, error) {
 }
 
 // noop answers OK to everything without looking at it.
-type noop struct{ rlsv3.UnimplementedRateLimitServiceServer }
+type noop struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+}
 
 func (noop) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil

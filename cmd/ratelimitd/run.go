@@ -165,7 +165,7 @@ func newStore(ctx context.Context, s *settings, m *metrics.Metrics, log *slog.Lo
 	rs, err := redisstore.New(redisstore.Options{
 		URL: s.redisURL, Mode: s.redisMode, Timeout: s.redisTimeout,
 		TLSCA: s.redisTLSCA, TLSCert: s.redisTLSCert, TLSKey: s.redisTLSKey,
-		Metrics: m, Logger: log,
+		Metrics: m, Logger: log, Dispatchers: s.dispatchers,
 	})
 	if err != nil {
 		return nil, nil, err

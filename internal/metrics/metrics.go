@@ -37,6 +37,7 @@ type Metrics struct {
 	RedisDuration     prometheus.Histogram
 	RedisErrors       *prometheus.CounterVec
 	ScriptReloads     prometheus.Counter
+	BatchSize         prometheus.Histogram
 	BreakerOpen       prometheus.Gauge
 	BreakerTrips      prometheus.Counter
 	MaxmemoryPolicy   *prometheus.GaugeVec
@@ -80,11 +81,16 @@ func New(version string) *Metrics {
 		}),
 		RedisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_redis_errors_total",
-			Help: "Failed Redis evaluations by class: timeout, connection, breaker_open, noreplicas, oom, readonly, loading, clusterdown, busy, other.",
+			Help: "Failed Redis evaluations by class: timeout, connection, breaker_open, overload (batch queue full), canceled (the caller gave up), noreplicas, oom, readonly, loading, clusterdown, masterdown, busy, other.",
 		}, []string{"class"}),
 		ScriptReloads: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimitd_redis_script_reloads_total",
 			Help: "Times Redis had lost the script (NOSCRIPT) and it was sent again.",
+		}),
+		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ratelimitd_redis_batch_size",
+			Help:    "Script calls sent together in one pipeline.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 		}),
 		BreakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratelimitd_redis_breaker_open",
@@ -117,7 +123,7 @@ func New(version string) *Metrics {
 	}, []string{"version", "goversion"})
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.RequestDuration,
-		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BreakerOpen, m.BreakerTrips,
+		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
 		m.MaxmemoryPolicy, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigInfo, buildInfo)
 	return m
 }
@@ -171,6 +177,13 @@ func (m *Metrics) UnknownDomainRequest() {
 func (m *Metrics) ScriptReload() {
 	if m != nil {
 		m.ScriptReloads.Inc()
+	}
+}
+
+// Batch records the size of one pipeline.
+func (m *Metrics) Batch(n int) {
+	if m != nil {
+		m.BatchSize.Observe(float64(n))
 	}
 }
 

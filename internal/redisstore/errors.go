@@ -34,6 +34,8 @@ const (
 	ClassClusterDown = "clusterdown"
 	ClassMasterDown  = "masterdown"
 	ClassBusy        = "busy"
+	ClassOverload    = "overload"
+	ClassCanceled    = "canceled"
 	ClassOther       = "other"
 )
 
@@ -44,6 +46,9 @@ func Classify(err error) string {
 	}
 	if errors.Is(err, ErrBreakerOpen) {
 		return ClassBreakerOpen
+	}
+	if errors.Is(err, errQueueFull) {
+		return ClassOverload
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {

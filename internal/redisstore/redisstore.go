@@ -8,6 +8,7 @@ package redisstore
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -62,6 +63,10 @@ type Options struct {
 	// Metrics receives call latencies, error classes, breaker state and
 	// the maxmemory policy. Nil records nothing.
 	Metrics *metrics.Metrics
+	// Dispatchers is the number of batching dispatchers (single and
+	// sentinel modes), each with its own connection. Zero means 2;
+	// negative turns batching off: one round trip per request.
+	Dispatchers int
 	// Logger receives breaker and maxmemory-policy lines. Nil discards.
 	Logger *slog.Logger
 	// ScriptTime, when set, is sent to the script as "now" instead of
@@ -82,6 +87,7 @@ type Store struct {
 	log     *slog.Logger
 	breaker *breaker
 
+	queue    chan *call // nil when batching is off
 	reloads  atomic.Int64
 	done     chan struct{}
 	wg       sync.WaitGroup
@@ -128,6 +134,15 @@ func New(opts Options) (*Store, error) {
 			s.log.Info("redis breaker closed: Redis answers again")
 		}
 	})
+	if dispatchers := opts.Dispatchers; dispatchers >= 0 && s.cluster == nil {
+		if dispatchers == 0 {
+			dispatchers = 2
+		}
+		s.queue = make(chan *call, queueSize)
+		for range dispatchers {
+			s.wg.Go(s.dispatch)
+		}
+	}
 	every := opts.PolicyCheckEvery
 	if every <= 0 {
 		every = DefaultPolicyCheckEvery
@@ -135,6 +150,10 @@ func New(opts Options) (*Store, error) {
 	s.wg.Go(func() { s.watchPolicy(every) })
 	return s, nil
 }
+
+// minBudget is the least time a call must have had for its timeout to
+// count against Redis.
+const minBudget = time.Millisecond
 
 // Mode returns the deployment mode in use: single, sentinel or cluster.
 func (s *Store) Mode() string { return s.mode }
@@ -191,6 +210,10 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 // eval runs the script once over checks, which share one slot.
 func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	start := time.Now()
+	budget := s.timeout
+	if dl, ok := ctx.Deadline(); ok {
+		budget = time.Until(dl)
+	}
 	keys := make([]string, len(checks))
 	args := make([]any, 1, 1+6*len(checks))
 	args[0] = "0"
@@ -208,13 +231,24 @@ func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result,
 		}
 		args = append(args, c.Limit, c.WindowUS, c.Hits, flags, uint8(c.Algorithm), c.Burst)
 	}
-	res, err := s.script.EvalSha(ctx, s.client, keys, args...).Result()
-	if err != nil && isNoScript(err) {
-		s.reloads.Add(1)
-		s.m.ScriptReload()
-		res, err = s.script.Eval(ctx, s.client, keys, args...).Result()
+	var res any
+	var err error
+	if s.queue != nil {
+		res, err = s.submit(ctx, keys, args)
+	} else {
+		res, err = s.script.EvalSha(ctx, s.client, keys, args...).Result()
+		if err != nil && isNoScript(err) {
+			s.reloads.Add(1)
+			s.m.ScriptReload()
+			res, err = s.script.Eval(ctx, s.client, keys, args...).Result()
+		}
 	}
 	class := Classify(err)
+	if class == ClassTimeout && (errors.Is(err, context.Canceled) || budget < minBudget) {
+		// The caller gave up, or came with almost no time left: that says
+		// nothing about Redis, and must not open the breaker.
+		class = ClassCanceled
+	}
 	s.m.RedisCall(time.Since(start), class)
 	s.breaker.record(class)
 	if err != nil {
