@@ -26,7 +26,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10, unit_multiplier: 60}
 `
 
-func parseRules(t *testing.T, body string) *config.Snapshot {
+func parseRules(t testing.TB, body string) *config.Snapshot {
 	t.Helper()
 	snap, err := config.Parse("rules.yaml", []byte(body))
 	if err != nil {

@@ -1,0 +1,61 @@
+package service_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/internal/memstore"
+	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+// BenchmarkShouldRateLimit measures the service's own cost per request on
+// the in-memory store (the Redis round trip is the load tool's business):
+// matching, planning, keys, the store decision and the response.
+//
+//	go test -run XXX -bench ShouldRateLimit -benchmem ./internal/service/
+func BenchmarkShouldRateLimit(b *testing.B) {
+	snap := parseRules(b, "domain: web\ndescriptors:\n  - key: d0\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n  - key: d1\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n  - key: d2\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n  - key: d3\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n  - key: over\n    rate_limit: {unit: hour, requests_per_unit: 0}\n")
+	reqs := func(descs int, key string) []*rlsv3.RateLimitRequest {
+		out := make([]*rlsv3.RateLimitRequest, 1024)
+		for i := range out {
+			r := &rlsv3.RateLimitRequest{Domain: "web"}
+			for d := range descs {
+				k := key
+				if k == "" {
+					k = "d" + strconv.Itoa(d)
+				}
+				r.Descriptors = append(r.Descriptors, &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: k, Value: strconv.Itoa(i)}}})
+			}
+			out[i] = r
+		}
+		return out
+	}
+	for _, bc := range []struct {
+		name string
+		reqs []*rlsv3.RateLimitRequest
+	}{
+		{"descriptors=1", reqs(1, "")},
+		{"descriptors=4", reqs(4, "")},
+		{"cache_hit", reqs(1, "over")},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			s := service.New(snap, memstore.New(memstore.Options{}), overlimitcache.New(1<<20), service.Options{})
+			ctx := context.Background()
+			for _, r := range bc.reqs { // warm: the over key enters the cache
+				s.ShouldRateLimit(ctx, r)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if _, err := s.ShouldRateLimit(ctx, bc.reqs[i%len(bc.reqs)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
