@@ -10,7 +10,7 @@ import (
 
 // Batching: concurrent requests' script calls are sent together. Each of
 // a few dispatchers takes one queued call, adds whatever else has queued
-// meanwhile (up to maxBatch), and sends them as one pipeline: one write,
+// meanwhile (up to maxBatch), and sends them as one script call: one write,
 // one round trip, one read on Redis's side for many decisions. There is
 // no timer: at low load a call goes out at once, alone; under load the
 // batches grow by themselves while the previous round trips are in
@@ -18,14 +18,15 @@ import (
 // it passes) and its own reply: one call's error reply never fails its
 // neighbours.
 //
-// One script call that decides several requests was the alternative; a
-// pipeline of EVALSHA keeps each request's atomic evaluation and its
-// error apart, and costs Redis one command dispatch per request, which
-// the measurements in docs/BENCHMARKS.md show is not the bottleneck: the
-// round trip's syscalls are.
+// A batch goes out as ONE script call deciding its requests in order, each
+// all or nothing: a pipeline of one EVALSHA per request was measured first
+// (docs/BENCHMARKS.md) and left the per-call script cost — half of the
+// script's time — on every request. A Redis error in one request (its key
+// holds another type, a refused write) ends only that request: the script
+// catches it and reports it in that request's part of the reply.
 
 const (
-	// maxBatch bounds one pipeline, so a burst cannot build a reply large
+	// maxBatch bounds one batch, so a burst cannot build a reply large
 	// enough to delay its first callers.
 	maxBatch = 128
 	// queueSize bounds the calls waiting for a dispatcher: beyond it Redis
@@ -39,17 +40,17 @@ var errQueueFull = errors.New("redisstore: batch queue full")
 
 // call is one script evaluation waiting for a dispatcher.
 type call struct {
-	ctx  context.Context
-	keys []string
-	args []any
-	done chan struct{} // closed once res and err are set
-	res  any
-	err  error
+	ctx    context.Context
+	keys   []string
+	perKey []any
+	done   chan struct{} // closed once res and err are set
+	res    []any
+	err    error
 }
 
 // submit queues a call and waits for its reply or its context.
-func (s *Store) submit(ctx context.Context, keys []string, args []any) (any, error) {
-	c := &call{ctx: ctx, keys: keys, args: args, done: make(chan struct{})}
+func (s *Store) submit(ctx context.Context, keys []string, perKey []any) ([]any, error) {
+	c := &call{ctx: ctx, keys: keys, perKey: perKey, done: make(chan struct{})}
 	select {
 	case s.queue <- c:
 	default:
@@ -88,7 +89,7 @@ func (s *Store) dispatch() {
 	}
 }
 
-// send runs one batch as a pipeline, bounded by the latest deadline of its
+// send runs one batch as one script call, bounded by the latest deadline of its
 // calls (each caller still stops waiting at its own).
 func (s *Store) send(batch []*call) {
 	live := batch[:0]
@@ -112,44 +113,22 @@ func (s *Store) send(batch []*call) {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	cmds := s.pipeline(ctx, live, false)
-	var retry []int
-	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil && isNoScript(err) {
-			retry = append(retry, i)
-		}
-	}
-	if len(retry) > 0 {
-		// Redis lost the script (restart, failover, SCRIPT FLUSH): send
-		// those calls again with the body.
-		s.reloads.Add(1)
-		s.m.ScriptReload()
-		again := make([]*call, len(retry))
-		for j, i := range retry {
-			again[j] = live[i]
-		}
-		for j, cmd := range s.pipeline(ctx, again, true) {
-			cmds[retry[j]] = cmd
-		}
-	}
+	keys := make([][]string, len(live))
+	perKey := make([][]any, len(live))
 	for i, c := range live {
-		c.res, c.err = cmds[i].Result()
+		keys[i], perKey[i] = c.keys, c.perKey
+	}
+	vals, err := s.run(ctx, keys, perKey)
+	k0 := 0
+	for _, c := range live {
+		if err != nil {
+			c.err = err
+		} else {
+			c.res, c.err = splitReply(vals, k0, len(c.keys))
+		}
+		k0 += len(c.keys)
 		close(c.done)
 	}
-}
-
-func (s *Store) pipeline(ctx context.Context, calls []*call, withBody bool) []*redis.Cmd {
-	pipe := s.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(calls))
-	for i, c := range calls {
-		if withBody {
-			cmds[i] = s.script.Eval(ctx, pipe, c.keys, c.args...)
-		} else {
-			cmds[i] = s.script.EvalSha(ctx, pipe, c.keys, c.args...)
-		}
-	}
-	_, _ = pipe.Exec(ctx) // errors are per command
-	return cmds
 }
 
 // failQueued answers every call still queued when the store closes.

@@ -214,12 +214,9 @@ func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result,
 	if dl, ok := ctx.Deadline(); ok {
 		budget = time.Until(dl)
 	}
+
 	keys := make([]string, len(checks))
-	args := make([]any, 1, 1+6*len(checks))
-	args[0] = "0"
-	if s.now != nil {
-		args[0] = strconv.FormatInt(s.now().UnixMicro(), 10)
-	}
+	perKey := make([]any, 0, 6*len(checks))
 	for i, c := range checks {
 		keys[i] = c.Key
 		flags := 0
@@ -229,18 +226,16 @@ func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result,
 		if c.NoVeto {
 			flags |= 2
 		}
-		args = append(args, c.Limit, c.WindowUS, c.Hits, flags, uint8(c.Algorithm), c.Burst)
+		perKey = append(perKey, c.Limit, c.WindowUS, c.Hits, flags, uint8(c.Algorithm), c.Burst)
 	}
-	var res any
+	var vals []any
 	var err error
 	if s.queue != nil {
-		res, err = s.submit(ctx, keys, args)
+		vals, err = s.submit(ctx, keys, perKey)
 	} else {
-		res, err = s.script.EvalSha(ctx, s.client, keys, args...).Result()
-		if err != nil && isNoScript(err) {
-			s.reloads.Add(1)
-			s.m.ScriptReload()
-			res, err = s.script.Eval(ctx, s.client, keys, args...).Result()
+		vals, err = s.run(ctx, [][]string{keys}, [][]any{perKey})
+		if err == nil {
+			vals, err = splitReply(vals, 0, len(keys))
 		}
 	}
 	class := Classify(err)
@@ -254,10 +249,6 @@ func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result,
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: eval decide (%d keys, %s): %w: %w", len(keys), class, ErrUnavailable, err)
 	}
-	vals, ok := res.([]any)
-	if !ok || len(vals) != 3*len(checks) {
-		return nil, fmt.Errorf("redisstore: eval decide (%d keys): %w: unexpected reply %v", len(keys), ErrUnavailable, res)
-	}
 	out := make([]limit.Result, len(checks))
 	for i := range out {
 		over, _ := vals[3*i].(int64)
@@ -266,6 +257,67 @@ func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result,
 		out[i] = limit.Result{Over: over == 1, Remaining: uint64(remaining), ResetUS: reset}
 	}
 	return out, nil
+}
+
+// nowArg is the script's first argument: "0" (read Redis TIME) except
+// in tests with a scripted clock.
+func (s *Store) nowArg() string {
+	if s.now != nil {
+		return strconv.FormatInt(s.now().UnixMicro(), 10)
+	}
+	return "0"
+}
+
+// run evaluates the script once for one or more requests (their keys and
+// per-key arguments), reloading it on NOSCRIPT, and returns the flat
+// reply: three values per key.
+func (s *Store) run(ctx context.Context, keys [][]string, perKey [][]any) ([]any, error) {
+	var allKeys []string
+	args := make([]any, 0, 2+len(keys))
+	args = append(args, s.nowArg(), len(keys))
+	for _, k := range keys {
+		args = append(args, len(k))
+		allKeys = append(allKeys, k...)
+	}
+	for _, a := range perKey {
+		args = append(args, a...)
+	}
+	res, err := s.script.EvalSha(ctx, s.client, allKeys, args...).Result()
+	if err != nil && isNoScript(err) {
+		s.reloads.Add(1)
+		s.m.ScriptReload()
+		res, err = s.script.Eval(ctx, s.client, allKeys, args...).Result()
+	}
+	if err != nil {
+		return nil, err
+	}
+	vals, ok := res.([]any)
+	if !ok || len(vals) != 3*len(allKeys) {
+		return nil, fmt.Errorf("unexpected reply %v", res)
+	}
+	return vals, nil
+}
+
+// scriptError is a Redis error reply that ended one request inside a
+// script call (WRONGTYPE, OOM, NOREPLICAS, ...).
+type scriptError string
+
+func (e scriptError) Error() string { return string(e) }
+
+// RedisError marks it as a Redis error reply, for Classify.
+func (scriptError) RedisError() {}
+
+// splitReply returns the n keys' values starting at key k0, or the error
+// the script reported for that request.
+func splitReply(vals []any, k0, n int) ([]any, error) {
+	part := vals[3*k0 : 3*(k0+n)]
+	if n > 0 {
+		if flag, _ := part[0].(int64); flag == -1 {
+			msg, _ := part[1].(string)
+			return nil, scriptError(msg)
+		}
+	}
+	return part, nil
 }
 
 // ScriptReloads returns how many times the script had to be sent again
