@@ -84,17 +84,25 @@ func clusterKeys(t *testing.T, nodes []*redistest.Server, base string, n int) []
 	return keys
 }
 
-func TestCluster(t *testing.T) {
+// clusterStore starts a 3-master cluster and a store on it that has
+// loaded the script on every master (and so learned the slot map).
+func clusterStore(t *testing.T) ([]*redistest.Server, *redisstore.Store) {
+	t.Helper()
 	nodes := redistest.StartCluster(t, 3)
 	s, err := redisstore.New(redisstore.Options{URL: redistest.ClusterURL(nodes), Mode: redisstore.ModeCluster, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	ctx := context.Background()
-	if err := s.Ping(ctx); err != nil {
+	t.Cleanup(func() { s.Close() })
+	if err := s.Ping(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	return nodes, s
+}
+
+func TestCluster(t *testing.T) {
+	nodes, s := clusterStore(t)
+	ctx := context.Background()
 	// Descriptors on three nodes decide together; a rejected request
 	// consumes nothing anywhere.
 	keys := clusterKeys(t, nodes, "multi", 3)
@@ -247,16 +255,8 @@ func TestSentinelFailover(t *testing.T) {
 // TestClusterMoved reassigns a slot to another master after the store has
 // learned the slot map: Redis answers MOVED and the store follows it.
 func TestClusterMoved(t *testing.T) {
-	nodes := redistest.StartCluster(t, 3)
-	s, err := redisstore.New(redisstore.Options{URL: redistest.ClusterURL(nodes), Mode: redisstore.ModeCluster, Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	nodes, s := clusterStore(t) // the store has learned the slot map
 	ctx := context.Background()
-	if err := s.Ping(ctx); err != nil { // learns the slot map
-		t.Fatal(err)
-	}
 	key := "moved:" + fmt.Sprint(time.Now().UnixNano())
 	sl, err := nodes[0].Client().ClusterKeySlot(ctx, key).Result()
 	if err != nil {
