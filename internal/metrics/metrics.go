@@ -89,7 +89,7 @@ func New(version string) *Metrics {
 		}),
 		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ratelimitd_redis_batch_size",
-			Help:    "Script calls sent together in one pipeline.",
+			Help:    "Requests decided together in one script call (one round trip).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 		}),
 		BreakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
