@@ -194,12 +194,12 @@ var ErrNoTime = errors.New("service: caller deadline leaves no time for the stor
 // and the shorter wins.
 func (s *Service) storeEvaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	if dl, ok := ctx.Deadline(); ok {
-		budget := time.Until(dl) - s.opts.DeadlineMargin
-		if budget <= 0 {
+		end := dl.Add(-s.opts.DeadlineMargin)
+		if !time.Now().Before(end) {
 			return nil, ErrNoTime
 		}
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, budget)
+		ctx, cancel = context.WithDeadline(ctx, end)
 		defer cancel()
 	}
 	return s.store.Evaluate(ctx, checks)
