@@ -61,8 +61,26 @@ func (e *Encoder) SharedEntry(key, pattern string) {
 	e.entries = appendEscaped(e.entries, pattern)
 }
 
-// Key finishes the key with the algorithm tag, e.g. [FixedWindowTag].
-func (e *Encoder) Key(tag string) string {
+// KeyFor finishes the key with the tag of [Tag](a, windowUS), written in
+// place: the hot path builds a key with a single allocation.
+func (e *Encoder) KeyFor(a Algorithm, windowUS int64) string {
+	e.finishEntries()
+	switch a {
+	case SlidingWindow:
+		e.buf = append(e.buf, "sw"...)
+	case TokenBucket:
+		e.buf = append(e.buf, "tb"...)
+	default:
+		e.buf = append(e.buf, "fw"...)
+	}
+	e.buf = strconv.AppendInt(e.buf, windowUS/1e6, 10)
+	e.buf = append(e.buf, 's')
+	return string(e.buf)
+}
+
+// finishEntries appends the (possibly hashed) entries and the tag
+// separator.
+func (e *Encoder) finishEntries() {
 	e.buf = append(e.buf, ':')
 	if len(e.entries) > MaxEntriesLen {
 		sum := sha256.Sum256(e.entries)
@@ -72,6 +90,11 @@ func (e *Encoder) Key(tag string) string {
 		e.buf = append(e.buf, e.entries...)
 	}
 	e.buf = append(e.buf, '|')
+}
+
+// Key finishes the key with the algorithm tag, e.g. [FixedWindowTag].
+func (e *Encoder) Key(tag string) string {
+	e.finishEntries()
 	e.buf = append(e.buf, tag...)
 	return string(e.buf)
 }

@@ -107,3 +107,18 @@ func TestSharedEntryDistinct(t *testing.T) {
 		}
 	}
 }
+
+func TestKeyForMatchesTag(t *testing.T) {
+	for _, a := range []Algorithm{FixedWindow, SlidingWindow, TokenBucket} {
+		for _, w := range []int64{1e6, 300e6} {
+			var e1, e2 Encoder
+			for _, e := range []*Encoder{&e1, &e2} {
+				e.Reset("p:", "d")
+				e.Entry("k", strings.Repeat("v", 300)) // hashed entries too
+			}
+			if k1, k2 := e1.KeyFor(a, w), e2.Key(Tag(a, w)); k1 != k2 {
+				t.Errorf("KeyFor = %q, Key(Tag) = %q", k1, k2)
+			}
+		}
+	}
+}

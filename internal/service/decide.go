@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"sync"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -64,11 +65,16 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	return resp, nil
 }
 
+// encoders keeps key buffers between requests: a key then costs one
+// allocation, its string.
+var encoders = sync.Pool{New: func() any { return new(limit.Encoder) }}
+
 // buildChecks gives every counted item a check. Items on one counter (the
 // same descriptor twice, say) share one check holding their combined hits,
 // so a store never sees a key twice in one evaluation.
 func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limit.Check, []checkState) {
-	var enc limit.Encoder
+	enc := encoders.Get().(*limit.Encoder)
+	defer encoders.Put(enc)
 	checks := make([]limit.Check, 0, len(items))
 	var consume, refund []uint64
 	descs := req.GetDescriptors()
@@ -77,7 +83,7 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 		if it.kind != counted {
 			continue
 		}
-		key := s.counterKey(&enc, req.GetDomain(), descs[i].GetEntries(), it)
+		key := s.counterKey(enc, req.GetDomain(), descs[i].GetEntries(), it)
 		noVeto := it.shadow || it.quota
 		c := -1
 		for j := range checks {

@@ -167,7 +167,7 @@ func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon
 		for _, e := range ents {
 			enc.Entry(e.GetKey(), e.GetValue())
 		}
-		return enc.Key(limit.Tag(it.algo, it.windowUS))
+		return enc.KeyFor(it.algo, it.windowUS)
 	}
 	levels := make([]*config.Rule, len(ents))
 	for r, j := it.rule, len(ents)-1; r != nil && j >= 0; r, j = r.Parent(), j-1 {
@@ -181,5 +181,5 @@ func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon
 		}
 		enc.Entry(e.GetKey(), v)
 	}
-	return enc.Key(limit.Tag(it.algo, it.windowUS))
+	return enc.KeyFor(it.algo, it.windowUS)
 }
