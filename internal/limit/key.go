@@ -65,16 +65,7 @@ func (e *Encoder) SharedEntry(key, pattern string) {
 // place: the hot path builds a key with a single allocation.
 func (e *Encoder) KeyFor(a Algorithm, windowUS int64) string {
 	e.finishEntries()
-	switch a {
-	case SlidingWindow:
-		e.buf = append(e.buf, "sw"...)
-	case TokenBucket:
-		e.buf = append(e.buf, "tb"...)
-	default:
-		e.buf = append(e.buf, "fw"...)
-	}
-	e.buf = strconv.AppendInt(e.buf, windowUS/1e6, 10)
-	e.buf = append(e.buf, 's')
+	e.buf = appendTag(e.buf, a, windowUS)
 	return string(e.buf)
 }
 
@@ -106,15 +97,19 @@ func FixedWindowTag(windowUS int64) string { return Tag(FixedWindow, windowUS) }
 // Tag is the key's algorithm tag: "fw", "sw" or "tb", then the window in
 // seconds, so that a change of algorithm, unit or multiplier never reads
 // a counter of another meaning.
-func Tag(a Algorithm, windowUS int64) string {
-	prefix := "fw"
+func Tag(a Algorithm, windowUS int64) string { return string(appendTag(nil, a, windowUS)) }
+
+func appendTag(b []byte, a Algorithm, windowUS int64) []byte {
 	switch a {
 	case SlidingWindow:
-		prefix = "sw"
+		b = append(b, "sw"...)
 	case TokenBucket:
-		prefix = "tb"
+		b = append(b, "tb"...)
+	default:
+		b = append(b, "fw"...)
 	}
-	return prefix + strconv.FormatInt(windowUS/1e6, 10) + "s"
+	b = strconv.AppendInt(b, windowUS/1e6, 10)
+	return append(b, 's')
 }
 
 // appendEscaped percent-encodes the bytes the encoding uses as

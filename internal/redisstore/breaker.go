@@ -18,8 +18,8 @@ type breaker struct {
 	onChange  func(open bool)
 
 	open  atomic.Bool
-	mu    sync.Mutex
-	fails int
+	fails atomic.Int64  // consecutive timeouts and connection errors
+	mu    sync.Mutex    // orders opening, closing and stop
 	done  chan struct{} // closed by stop; ends the probe
 	wg    sync.WaitGroup
 }
@@ -32,19 +32,20 @@ func newBreaker(threshold int, interval time.Duration, probe func(context.Contex
 func (b *breaker) isOpen() bool { return b.open.Load() }
 
 // record counts one call's outcome.
+// A success costs one atomic load: it is every healthy call.
 func (b *breaker) record(class string) {
 	if !tripsBreaker(class) {
-		if class == "" {
-			b.mu.Lock()
-			b.fails = 0
-			b.mu.Unlock()
+		if class == "" && b.fails.Load() != 0 {
+			b.fails.Store(0)
 		}
+		return
+	}
+	if b.fails.Add(1) < int64(b.threshold) || b.open.Load() {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.fails++
-	if b.fails < b.threshold || b.open.Load() {
+	if b.open.Load() {
 		return
 	}
 	select {
@@ -72,7 +73,7 @@ func (b *breaker) probeLoop() {
 		cancel()
 		if err == nil {
 			b.mu.Lock()
-			b.fails = 0
+			b.fails.Store(0)
 			b.open.Store(false)
 			b.mu.Unlock()
 			b.onChange(false)

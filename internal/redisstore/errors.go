@@ -62,14 +62,6 @@ func Classify(err error) string {
 				return c.class
 			}
 		}
-		// A script error wraps the command's reply: "... NOREPLICAS ...".
-		for _, c := range []struct{ word, class string }{
-			{"NOREPLICAS", ClassNoReplicas}, {"OOM command not allowed", ClassOOM}, {"READONLY", ClassReadOnly},
-		} {
-			if strings.Contains(msg, c.word) {
-				return c.class
-			}
-		}
 		return ClassOther
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {

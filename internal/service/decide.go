@@ -20,9 +20,8 @@ import (
 
 // checkState is what the service knows of one check besides the check.
 type checkState struct {
-	hits   uint64 // the check's hits, kept when a read replaces it
-	cached bool   // answered from the over-limit cache
-	read   bool   // sent without its hits: the cache had rejected the request
+	cached bool // answered from the over-limit cache
+	read   bool // sent without its hits: the cache had rejected the request
 	until  time.Time
 	res    limit.Result
 	failed bool // the store could not decide it
@@ -115,7 +114,6 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 		} else {
 			checks[c].Hits, checks[c].Refund = refund[c]-consume[c], true
 		}
-		states[c].hits = checks[c].Hits
 	}
 	return checks, states
 }
@@ -278,7 +276,7 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 			if !ch.Refund && !it.refund {
 				over = cs.res.Over
 				if cs.read {
-					over = cs.hits > cs.res.Remaining
+					over = ch.Hits > cs.res.Remaining
 				}
 			}
 			if over {
