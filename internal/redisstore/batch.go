@@ -3,12 +3,18 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
-// Batching: concurrent requests' script calls are sent together. Each of
+// Batching: concurrent requests' script calls are sent together (on
+// Cluster, one script call per hash slot, pipelined per node). Each of
 // a few dispatchers takes one queued call, adds whatever else has queued
 // meanwhile (up to maxBatch), and sends them as one script call: one write,
 // one round trip, one read on Redis's side for many decisions. There is
@@ -41,16 +47,15 @@ var errQueueFull = errors.New("redisstore: batch queue full")
 // call is one script evaluation waiting for a dispatcher.
 type call struct {
 	ctx    context.Context
-	keys   []string
-	perKey []any
+	checks []limit.Check
 	done   chan struct{} // closed once res and err are set
 	res    []any
 	err    error
 }
 
 // submit queues a call and waits for its reply or its context.
-func (s *Store) submit(ctx context.Context, keys []string, perKey []any) ([]any, error) {
-	c := &call{ctx: ctx, keys: keys, perKey: perKey, done: make(chan struct{})}
+func (s *Store) submit(ctx context.Context, checks []limit.Check) ([]any, error) {
+	c := &call{ctx: ctx, checks: checks, done: make(chan struct{})}
 	select {
 	case s.queue <- c:
 	default:
@@ -113,22 +118,106 @@ func (s *Store) send(batch []*call) {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	keys := make([][]string, len(live))
-	perKey := make([][]any, len(live))
-	for i, c := range live {
-		keys[i], perKey[i] = c.keys, c.perKey
+	if s.cluster != nil {
+		s.sendCluster(ctx, live)
+		return
 	}
-	vals, err := s.run(ctx, keys, perKey)
+	vals, err := s.run(ctx, requests(live))
+	s.deliver(ctx, live, vals, err)
+}
+
+// requests returns the calls' checks.
+func requests(calls []*call) [][]limit.Check {
+	reqs := make([][]limit.Check, len(calls))
+	for i, c := range calls {
+		reqs[i] = c.checks
+	}
+	return reqs
+}
+
+// deliver hands each call its part of one script call's reply.
+func (s *Store) deliver(ctx context.Context, calls []*call, vals []any, err error) {
+	if err != nil && len(calls) > 1 && refusedWhole(err) {
+		s.runAlone(ctx, calls)
+		return
+	}
 	k0 := 0
-	for _, c := range live {
+	for _, c := range calls {
 		if err != nil {
 			c.err = err
 		} else {
-			c.res, c.err = splitReply(vals, k0, len(c.keys))
+			c.res, c.err = splitReply(vals, k0, len(c.checks))
 		}
-		k0 += len(c.keys)
+		k0 += len(c.checks)
 		close(c.done)
 	}
+}
+
+// sendCluster sends a batch on Cluster, where one script call can only
+// hold keys of one hash slot (each call's keys share one: see
+// evaluateGroups): one script call per slot, all of them in one pipeline,
+// which go-redis splits per node and sends to the nodes concurrently,
+// following MOVED and ASK.
+func (s *Store) sendCluster(ctx context.Context, live []*call) {
+	type group struct {
+		slot  int
+		calls []*call
+		keys  []string
+		args  []any
+		cmd   *redis.Cmd
+	}
+	var groups []*group
+	for _, c := range live {
+		sl := slot(c.checks[0].Key)
+		i := slices.IndexFunc(groups, func(g *group) bool { return g.slot == sl })
+		if i < 0 {
+			i = len(groups)
+			groups = append(groups, &group{slot: sl})
+		}
+		groups[i].calls = append(groups[i].calls, c)
+	}
+	_, _ = s.cluster.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, g := range groups {
+			g.keys, g.args = s.scriptArgs(requests(g.calls))
+			g.cmd = p.EvalSha(ctx, s.script.Hash(), g.keys, g.args...)
+		}
+		return nil
+	})
+	for _, g := range groups {
+		res, err := g.cmd.Result()
+		if err != nil && isNoScript(err) {
+			s.reloads.Add(1)
+			s.m.ScriptReload()
+			res, err = s.script.Eval(ctx, s.cluster, g.keys, g.args...).Result()
+		}
+		vals, err := checkReply(res, err, len(g.keys))
+		s.deliver(ctx, g.calls, vals, err)
+	}
+}
+
+// refusedWhole reports an error reply that Redis gives before running a
+// script call at all, for one of its keys: NOPERM, a key the ACL user may
+// not touch. Nothing ran, so each request can be asked again alone.
+func refusedWhole(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "NOPERM")
+}
+
+// runAlone sends each call of a refused batch as its own script call,
+// concurrently, so that a refusal reaches only the requests it concerns.
+func (s *Store) runAlone(ctx context.Context, calls []*call) {
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		wg.Go(func() {
+			vals, err := s.run(ctx, [][]limit.Check{c.checks})
+			if err == nil {
+				vals, err = splitReply(vals, 0, len(c.checks))
+			}
+			c.res, c.err = vals, err
+			close(c.done)
+		})
+	}
+	wg.Wait()
 }
 
 // failQueued answers every call still queued when the store closes.

@@ -13,17 +13,23 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
 
-// TestBatchIsolation sends many concurrent calls, some of which fail in
-// Redis (their key holds a list: WRONGTYPE) and some of which have an
-// already expired deadline or a canceled context, through the batching dispatchers: batches form
-// (mean size above 1), the failures stay with their own callers, and every
-// other call is decided exactly.
+// TestBatchIsolation sends many concurrent calls through the batching
+// dispatchers: some fail in Redis (their key is one the ACL user may not
+// touch: NOPERM, which also fails the script's MGET of the whole batch),
+// some have an already expired deadline or a canceled context, some use a
+// key that holds a list (healed: read as absent, overwritten). Batches
+// form (mean size above 1), the failures stay with their own callers, and
+// every other call is decided exactly.
 func TestBatchIsolation(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
-	srv.Client().RPush(ctx, "wrongtype", "x")
+	admin := srv.Client()
+	admin.RPush(ctx, "wrongtype", "x")
+	if err := admin.Do(ctx, "ACL", "SETUSER", "rl", "on", ">pw", "~ok*", "~wrongtype", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
 	m := metrics.New("test")
-	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: 2 * time.Second, Dispatchers: 1, Metrics: m})
+	s, err := redisstore.New(redisstore.Options{URL: "redis://rl:pw@" + srv.Addr(), Timeout: 2 * time.Second, Dispatchers: 1, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,6 +43,8 @@ func TestBatchIsolation(t *testing.T) {
 			cctx := ctx
 			switch i % 10 {
 			case 3:
+				key = "denied"
+			case 5:
 				key = "wrongtype"
 			case 7:
 				var cancel context.CancelFunc
@@ -57,11 +65,21 @@ func TestBatchIsolation(t *testing.T) {
 			if err == nil {
 				t.Errorf("call %d should have failed", i)
 			}
+		case 5:
+			if err != nil {
+				t.Errorf("call %d on a key of another type: %v, want it healed", i, err)
+			}
 		default:
 			if err != nil || res[i][0].Over || res[i][0].Remaining != 4 {
 				t.Errorf("call %d: %+v, %v; a neighbour's failure leaked", i, res[i], err)
 			}
 		}
+	}
+	if typ := admin.Type(ctx, "wrongtype").Val(); typ != "string" || admin.PTTL(ctx, "wrongtype").Val() <= 0 {
+		t.Errorf("key of another type: now %s with TTL %v, want a counter with a TTL", typ, admin.PTTL(ctx, "wrongtype").Val())
+	}
+	if n := admin.Get(ctx, "wrongtype").Val(); n == "" {
+		t.Error("healed key empty")
 	}
 	fams, err := m.Registry.Gather()
 	if err != nil {

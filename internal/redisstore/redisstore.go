@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -63,9 +64,9 @@ type Options struct {
 	// Metrics receives call latencies, error classes, breaker state and
 	// the maxmemory policy. Nil records nothing.
 	Metrics *metrics.Metrics
-	// Dispatchers is the number of batching dispatchers (single and
-	// sentinel modes), each with its own connection. Zero means 2;
-	// negative turns batching off: one round trip per request.
+	// Dispatchers is the number of batching dispatchers, each with its
+	// own connection (per node on Cluster). Zero means 2; negative turns
+	// batching off: one round trip per request (per slot on Cluster).
 	Dispatchers int
 	// Logger receives breaker and maxmemory-policy lines. Nil discards.
 	Logger *slog.Logger
@@ -134,7 +135,7 @@ func New(opts Options) (*Store, error) {
 			s.log.Info("redis breaker closed: Redis answers again")
 		}
 	})
-	if dispatchers := opts.Dispatchers; dispatchers >= 0 && s.cluster == nil {
+	if dispatchers := opts.Dispatchers; dispatchers >= 0 {
 		if dispatchers == 0 {
 			dispatchers = 2
 		}
@@ -215,27 +216,14 @@ func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result,
 		budget = time.Until(dl)
 	}
 
-	keys := make([]string, len(checks))
-	perKey := make([]any, 0, 6*len(checks))
-	for i, c := range checks {
-		keys[i] = c.Key
-		flags := 0
-		if c.Refund {
-			flags |= 1
-		}
-		if c.NoVeto {
-			flags |= 2
-		}
-		perKey = append(perKey, c.Limit, c.WindowUS, c.Hits, flags, uint8(c.Algorithm), c.Burst)
-	}
 	var vals []any
 	var err error
 	if s.queue != nil {
-		vals, err = s.submit(ctx, keys, perKey)
+		vals, err = s.submit(ctx, checks)
 	} else {
-		vals, err = s.run(ctx, [][]string{keys}, [][]any{perKey})
+		vals, err = s.run(ctx, [][]limit.Check{checks})
 		if err == nil {
-			vals, err = splitReply(vals, 0, len(keys))
+			vals, err = splitReply(vals, 0, len(checks))
 		}
 	}
 	class := Classify(err)
@@ -247,7 +235,7 @@ func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result,
 	s.m.RedisCall(time.Since(start), class)
 	s.breaker.record(class)
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: eval decide (%d keys, %s): %w: %w", len(keys), class, ErrUnavailable, err)
+		return nil, fmt.Errorf("redisstore: eval decide (%d keys, %s): %w: %w", len(checks), class, ErrUnavailable, err)
 	}
 	out := make([]limit.Result, len(checks))
 	for i := range out {
@@ -268,34 +256,80 @@ func (s *Store) nowArg() string {
 	return "0"
 }
 
-// run evaluates the script once for one or more requests (their keys and
-// per-key arguments), reloading it on NOSCRIPT, and returns the flat
-// reply: three values per key.
-func (s *Store) run(ctx context.Context, keys [][]string, perKey [][]any) ([]any, error) {
-	var allKeys []string
-	args := make([]any, 0, 2+len(keys))
-	args = append(args, s.nowArg(), len(keys))
-	for _, k := range keys {
-		args = append(args, len(k))
-		allKeys = append(allKeys, k...)
-	}
-	for _, a := range perKey {
-		args = append(args, a...)
-	}
-	res, err := s.script.EvalSha(ctx, s.client, allKeys, args...).Result()
+// run evaluates the script once for one or more requests, reloading it
+// on NOSCRIPT, and returns the flat reply: three values per key.
+func (s *Store) run(ctx context.Context, reqs [][]limit.Check) ([]any, error) {
+	keys, args := s.scriptArgs(reqs)
+	res, err := s.script.EvalSha(ctx, s.client, keys, args...).Result()
 	if err != nil && isNoScript(err) {
 		s.reloads.Add(1)
 		s.m.ScriptReload()
-		res, err = s.script.Eval(ctx, s.client, allKeys, args...).Result()
+		res, err = s.script.Eval(ctx, s.client, keys, args...).Result()
 	}
+	return checkReply(res, err, len(keys))
+}
+
+// scriptArgs lays requests out as the script's keys and arguments: the
+// requests' distinct rules go once each, and every key refers to its rule
+// (see scripts/decide.lua).
+func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any) {
+	nkeys := 0
+	for _, r := range reqs {
+		nkeys += len(r)
+	}
+	keys := make([]string, 0, nkeys)
+	var rules []rule
+	perKey := make([]any, 0, 2*nkeys)
+	for _, r := range reqs {
+		for _, c := range r {
+			keys = append(keys, c.Key)
+			ru := rule{c.Limit, c.WindowUS, c.Algorithm, c.Burst}
+			q := slices.Index(rules, ru)
+			if q < 0 {
+				q = len(rules)
+				rules = append(rules, ru)
+			}
+			flags := 0
+			if c.Refund {
+				flags |= 1
+			}
+			if c.NoVeto {
+				flags |= 2
+			}
+			perKey = append(perKey, (q+1)*4+flags, c.Hits)
+		}
+	}
+	args := make([]any, 0, 3+len(reqs)+4*len(rules)+len(perKey))
+	args = append(args, s.nowArg(), len(reqs))
+	for _, r := range reqs {
+		args = append(args, len(r))
+	}
+	args = append(args, len(rules))
+	for _, ru := range rules {
+		args = append(args, ru.limit, ru.windowUS, uint8(ru.algorithm), ru.burst)
+	}
+	return keys, append(args, perKey...)
+}
+
+// checkReply returns the script's flat reply for nkeys keys.
+func checkReply(res any, err error, nkeys int) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 3*len(allKeys) {
+	if !ok || len(vals) != 3*nkeys {
 		return nil, fmt.Errorf("unexpected reply %v", res)
 	}
 	return vals, nil
+}
+
+// rule is what the script needs to know of a check besides its key, hits
+// and flags; checks of one rule share it within a call.
+type rule struct {
+	limit     uint64
+	windowUS  int64
+	algorithm limit.Algorithm
+	burst     uint64
 }
 
 // scriptError is a Redis error reply that ended one request inside a

@@ -100,6 +100,20 @@ func clusterStore(t *testing.T) ([]*redistest.Server, *redisstore.Store) {
 	return nodes, s
 }
 
+// scriptCalls is the number of script calls all nodes have run.
+func scriptCalls(t *testing.T, nodes []*redistest.Server) int64 {
+	t.Helper()
+	var n int64
+	for _, nd := range nodes {
+		st, err := nd.CommandStats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += st["evalsha"] + st["eval"]
+	}
+	return n
+}
+
 func TestCluster(t *testing.T) {
 	nodes, s := clusterStore(t)
 	ctx := context.Background()
@@ -136,6 +150,7 @@ func TestCluster(t *testing.T) {
 		name   string
 		checks []limit.Check
 	}{{"one slot", one}, {"three nodes", three}} {
+		calls0 := scriptCalls(t, nodes)
 		var ok atomic.Int64
 		var wg sync.WaitGroup
 		gun := make(chan struct{})
@@ -169,7 +184,12 @@ func TestCluster(t *testing.T) {
 				t.Errorf("%s: counter %s = %d but %d requests admitted: rejected requests left consumption", tt.name, c.Key, rr[0].Used(10), ok.Load())
 			}
 		}
-		t.Logf("%s: 200 concurrent requests, limit 10: %d admitted; counters %s", tt.name, ok.Load(), strings.Join(counts, ","))
+		// Batched per node: far fewer script calls than slot groups.
+		calls := scriptCalls(t, nodes) - calls0 - int64(len(tt.checks))
+		t.Logf("%s: 200 concurrent requests, limit 10: %d admitted; counters %s; %d script calls", tt.name, ok.Load(), strings.Join(counts, ","), calls)
+		if calls >= 200 {
+			t.Errorf("%s: %d script calls for 200 requests: not batched", tt.name, calls)
+		}
 		if ok.Load() != 10 {
 			t.Errorf("%s: %d admitted, want exactly 10", tt.name, ok.Load())
 		}

@@ -1,0 +1,69 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+)
+
+// BenchmarkScript measures what Redis spends on the decide script alone:
+// batches of one-key requests sent back to back (no contention from
+// concurrent callers), Redis's own CPU time (INFO cpu) divided by the
+// decisions, reported as redis-µs/decision. Run with
+// go test -run XXX -bench Script ./internal/redisstore/
+func BenchmarkScript(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, algo := range []limit.Algorithm{limit.FixedWindow, limit.SlidingWindow, limit.TokenBucket} {
+		for _, batch := range []int{1, 10, 64} {
+			b.Run(fmt.Sprintf("algo=%d/batch=%d", algo, batch), func(b *testing.B) {
+				s, err := New(Options{URL: srv.URL(), Dispatchers: -1})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer s.Close()
+				ctx := context.Background()
+				if err := s.Ping(ctx); err != nil {
+					b.Fatal(err)
+				}
+				reqs := make([][]limit.Check, batch)
+				n := 0
+				cpu0 := redisCPU(b, srv)
+				b.ResetTimer()
+				for b.Loop() {
+					for i := range batch {
+						reqs[i] = []limit.Check{{Key: "bench:" + strconv.Itoa(n%10000), Limit: 1e9, WindowUS: 3600e6, Hits: 1, Algorithm: algo}}
+						n++
+					}
+					if _, err := s.run(ctx, reqs); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				b.ReportMetric((redisCPU(b, srv)-cpu0)*1e6/float64(n), "redis-µs/decision")
+			})
+		}
+	}
+}
+
+// redisCPU is the server's user+system CPU seconds so far.
+func redisCPU(b *testing.B, srv *redistest.Server) float64 {
+	info, err := srv.Client().Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\n") {
+		for _, f := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), f); ok {
+				x, _ := strconv.ParseFloat(v, 64)
+				sum += x
+			}
+		}
+	}
+	return sum
+}
