@@ -21,10 +21,11 @@ SPID=$!
 trap 'kill $SPID $NPID $RPID 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
 sleep 1.5
 run() { echo "== $1"; shift; "$TMP/bench" -duration "$DUR" "$@"; }
-run "no-op server, closed loop, 64 callers" -addr "127.0.0.1:$NOOP"
+run "no-op server, closed loop, 64 callers" -addr "127.0.0.1:$NOOP" -pid $NPID
 run "A: 1 descriptor, 10000 keys, closed loop, 64 callers" -addr "127.0.0.1:$GRPC" -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
 run "B: 3 descriptors, closed loop, 64 callers" -addr "127.0.0.1:$GRPC" -descriptors 3 -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
 run "C: every key over limit, local cache on" -addr "127.0.0.1:$GRPC" -over -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
 if [ -n "${OPEN_RATE:-}" ]; then
+	run "no-op server, open loop at $OPEN_RATE/s" -addr "127.0.0.1:$NOOP" -mode open -rate "$OPEN_RATE" -pid $NPID
 	run "A, open loop at $OPEN_RATE/s" -addr "127.0.0.1:$GRPC" -mode open -rate "$OPEN_RATE" -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
 fi

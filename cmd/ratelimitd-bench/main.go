@@ -32,6 +32,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ratelimitd/ratelimitd/internal/server"
 )
 
 func main() {
@@ -46,6 +48,7 @@ func main() {
 type options struct {
 	addr, noop, mode, domain, redisAddr string
 	workers, conns, keys, descriptors   int
+	senders                             int
 	rate                                float64
 	duration, warmup                    time.Duration
 	over, asJSON                        bool
@@ -74,6 +77,8 @@ type Report struct {
 	Descriptors    int     `json:"descriptors"`
 	Keys           int     `json:"keys"`
 	RateRequested  float64 `json:"rate_requested,omitempty"`
+	LateP99US      float64 `json:"send_late_p99_us,omitempty"`
+	LateMaxUS      float64 `json:"send_late_max_us,omitempty"`
 	WorkersOrInfly int     `json:"workers"`
 }
 
@@ -85,6 +90,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&o.mode, "mode", "closed", "closed (workers back to back) or open (fixed -rate)")
 	fs.IntVar(&o.workers, "c", 64, "closed loop: concurrent callers")
 	fs.Float64Var(&o.rate, "rate", 1000, "open loop: requests per second")
+	fs.IntVar(&o.senders, "senders", 256, "open loop: goroutines sending the due requests")
 	fs.IntVar(&o.conns, "conns", 4, "gRPC connections")
 	fs.IntVar(&o.keys, "keys", 10000, "distinct descriptor values")
 	fs.IntVar(&o.descriptors, "descriptors", 1, "descriptors per request (keys d0, d1, d2 of deploy/bench/rules.yaml)")
@@ -119,7 +125,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if o.warmup > 0 {
 		wctx, cancel := context.WithTimeout(ctx, o.warmup)
-		load(wctx, &o, clients, nil)
+		load(wctx, &o, clients, nil, nil)
 		cancel()
 	}
 	before, err := sample(ctx, &o)
@@ -128,9 +134,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	mctx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
-	var lat latencies
+	var lat, late latencies
 	start := time.Now()
-	n, errs, over := load(mctx, &o, clients, &lat)
+	n, errs, over := load(mctx, &o, clients, &lat, &late)
 	elapsed := time.Since(start).Seconds()
 	after, err := sample(ctx, &o)
 	if err != nil {
@@ -140,6 +146,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		Descriptors: o.descriptors, Keys: o.keys, WorkersOrInfly: o.workers}
 	if o.mode == "open" {
 		r.RateRequested = o.rate
+		_, r.LateP99US, _, r.LateMaxUS = late.quantiles()
 	}
 	r.P50US, r.P99US, r.P999US, r.MaxUS = lat.quantiles()
 	if n > 0 && o.redisAddr != "" {
@@ -162,6 +169,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "%s loop, %d descriptor(s), %d keys: %d requests in %.1fs = %.0f req/s; errors %d, over limit %d\n",
 		r.Mode, r.Descriptors, r.Keys, r.Requests, r.Seconds, r.RPS, r.Errors, r.OverLimit)
 	fmt.Fprintf(out, "latency p50 %.0fµs  p99 %.0fµs  p999 %.0fµs  max %.0fµs\n", r.P50US, r.P99US, r.P999US, r.MaxUS)
+	if r.Mode == "open" {
+		fmt.Fprintf(out, "of which the load tool's own lateness in sending: p99 %.0fµs  max %.0fµs\n", r.LateP99US, r.LateMaxUS)
+	}
 	if o.redisAddr != "" {
 		fmt.Fprintf(out, "redis: %.2f µs CPU, %.3f round trips, %.2f commands per decision\n", r.RedisCPUUS, r.RoundTrips, r.Commands)
 	}
@@ -176,7 +186,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 
 // load sends requests until ctx is done and returns the count, errors and
 // OVER_LIMIT answers.
-func load(ctx context.Context, o *options, clients []rlsv3.RateLimitServiceClient, lat *latencies) (n, errs, over int64) {
+func load(ctx context.Context, o *options, clients []rlsv3.RateLimitServiceClient, lat, late *latencies) (n, errs, over int64) {
 	var cn, ce, co atomic.Int64
 	var seq atomic.Uint64
 	one := func(intended time.Time) {
@@ -208,20 +218,31 @@ func load(ctx context.Context, o *options, clients []rlsv3.RateLimitServiceClien
 	case "open":
 		interval := time.Duration(float64(time.Second) / o.rate)
 		start := time.Now()
-		// Each request at its intended time, however long the previous
-		// ones take; at most 10000 in flight.
-		sem := make(chan struct{}, 10000)
+		// Each request is due at its intended time, however long the
+		// previous ones take; a pool of senders takes them (a goroutine
+		// per request spent more CPU than the server under load: each one
+		// grew its stack through the gRPC client again). At most 10000
+		// wait; a sender records how late it picked its request up, the
+		// tool's own share of the latency.
+		due := make(chan time.Time, 10000)
+		for range o.senders {
+			wg.Go(func() {
+				for intended := range due {
+					if late != nil {
+						late.add(time.Since(intended))
+					}
+					one(intended)
+				}
+			})
+		}
 		for k := 0; ctx.Err() == nil; k++ {
 			intended := start.Add(time.Duration(k) * interval)
 			if d := time.Until(intended); d > 0 {
 				time.Sleep(d)
 			}
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				one(intended)
-			})
+			due <- intended
 		}
+		close(due)
 	}
 	wg.Wait()
 	return cn.Load(), ce.Load(), co.Load()
@@ -355,7 +376,7 @@ func serveNoop(ctx context.Context, addr string) error {
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(server.TransportOptions()...)
 	rlsv3.RegisterRateLimitServiceServer(srv, noop{})
 	go func() {
 		<-ctx.Done()
