@@ -2,7 +2,8 @@
 # Reproduces docs/BENCHMARKS.md on this machine: starts its own
 # redis-server on a free port, the no-op server and ratelimitd, runs the
 # scenarios with cmd/ratelimitd-bench, prints each report, and stops what
-# it started. Usage: scripts/bench.sh [duration, default 10s]
+# it started. Usage: [OPEN_RATE="r1 r2"] scripts/bench.sh [duration,
+# default 10s] [ratelimitd arguments...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-10s}
@@ -25,7 +26,9 @@ run "no-op server, closed loop, 64 callers" -addr "127.0.0.1:$NOOP" -pid $NPID
 run "A: 1 descriptor, 10000 keys, closed loop, 64 callers" -addr "127.0.0.1:$GRPC" -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
 run "B: 3 descriptors, closed loop, 64 callers" -addr "127.0.0.1:$GRPC" -descriptors 3 -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
 run "C: every key over limit, local cache on" -addr "127.0.0.1:$GRPC" -over -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
-if [ -n "${OPEN_RATE:-}" ]; then
-	run "no-op server, open loop at $OPEN_RATE/s" -addr "127.0.0.1:$NOOP" -mode open -rate "$OPEN_RATE" -pid $NPID
-	run "A, open loop at $OPEN_RATE/s" -addr "127.0.0.1:$GRPC" -mode open -rate "$OPEN_RATE" -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
-fi
+# OPEN_RATE="2000 7000": for each rate, the no-op server and then A in
+# open loop at that rate.
+for rate in ${OPEN_RATE:-}; do
+	run "no-op server, open loop at $rate/s" -addr "127.0.0.1:$NOOP" -mode open -rate "$rate" -pid $NPID
+	run "A, open loop at $rate/s" -addr "127.0.0.1:$GRPC" -mode open -rate "$rate" -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
+done

@@ -77,7 +77,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.grpcClientCA, "grpc-client-ca", "", "PEM CA file: require and verify client certificates (mTLS)")
 	s.grpcMaxMessage = 1 << 20
 	fs.Var(&s.grpcMaxMessage, "grpc-max-message-size", "largest gRPC request accepted, in bytes (default 1MiB)")
-	fs.IntVar(&s.dispatchers, "redis-dispatchers", 2, "batching dispatchers, each sending what queued as one pipeline (single/sentinel); -1: no batching, one round trip per request")
+	fs.IntVar(&s.dispatchers, "redis-dispatchers", 1, "batching dispatchers, each sending what queued during its previous round trip as one script call (one per hash slot on Cluster); -1: no batching, one round trip per request")
 	fs.BoolVar(&s.watch, "watch", true, "reload the rules when files under --config change (SIGHUP always reloads)")
 	fs.BoolVar(&s.decisionMeta, "decision-metadata", false, "explain each decision in the response's dynamic_metadata (rule and reason per descriptor)")
 	fs.StringVar(&s.debugAddr, "debug-addr", "", "serve pprof on this address (e.g. 127.0.0.1:6060); empty: off")

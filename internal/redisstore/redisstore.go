@@ -65,8 +65,10 @@ type Options struct {
 	// the maxmemory policy. Nil records nothing.
 	Metrics *metrics.Metrics
 	// Dispatchers is the number of batching dispatchers, each with its
-	// own connection (per node on Cluster). Zero means 2; negative turns
-	// batching off: one round trip per request (per slot on Cluster).
+	// own connection (per node on Cluster). Zero means 1, measured best
+	// in docs/BENCHMARKS.md (one connection carries larger batches);
+	// negative turns batching off: one round trip per request (per slot
+	// on Cluster).
 	Dispatchers int
 	// Logger receives breaker and maxmemory-policy lines. Nil discards.
 	Logger *slog.Logger
@@ -137,7 +139,7 @@ func New(opts Options) (*Store, error) {
 	})
 	if dispatchers := opts.Dispatchers; dispatchers >= 0 {
 		if dispatchers == 0 {
-			dispatchers = 2
+			dispatchers = 1
 		}
 		s.queue = make(chan *call, queueSize)
 		for range dispatchers {
