@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -22,8 +23,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -427,14 +426,32 @@ func TestProductionSendsNoTime(t *testing.T) {
 	rules := testRules + "  - key: tb\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket}\n  - key: sw\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_window}\n"
 	in := start(t, env(nil), "--config", writeRules(t, rules), "--redis-url", srv.URL(), "--redis-timeout", "2s")
 	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
-	// MONITOR needs RESP2 in go-redis.
-	mon := redis.NewClient(&redis.Options{Addr: srv.Addr(), Protocol: 2})
+	// MONITOR on a raw connection: go-redis's MonitorCmd reads from a
+	// busy loop that stops for good at its first read timeout, which made
+	// this test flaky on a loaded machine. Redis answers +OK once the
+	// monitor is in place, so no call can slip by before it.
+	mon, err := net.DialTimeout("tcp", srv.Addr(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer mon.Close()
+	if _, err := mon.Write([]byte("MONITOR\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(mon)
+	if ok, err := rd.ReadString('\n'); err != nil || ok != "+OK\r\n" {
+		t.Fatalf("MONITOR: %q, %v", ok, err)
+	}
 	lines := make(chan string, 100)
-	cmd := mon.Monitor(context.Background(), lines)
-	cmd.Start()
-	defer cmd.Stop()
-	time.Sleep(100 * time.Millisecond)
+	go func() {
+		for {
+			line, err := rd.ReadString('\n')
+			if err != nil {
+				return
+			}
+			lines <- strings.TrimPrefix(strings.TrimRight(line, "\r\n"), "+")
+		}
+	}()
 	const n = 10
 	for i := range n {
 		req := &rlsv3.RateLimitRequest{Domain: "e2e", Descriptors: []*rlcommon.RateLimitDescriptor{desc("user", fmt.Sprint(i)), desc("tb", "x"), desc("sw", "y")}}

@@ -32,9 +32,10 @@ import (
 // catches it and reports it in that request's part of the reply.
 
 const (
-	// maxBatch bounds one batch, so a burst cannot build a reply large
-	// enough to delay its first callers.
-	maxBatch = 128
+	// maxBatch and maxBatchKeys bound one batch, so a burst cannot build
+	// a reply large enough to delay its first callers.
+	maxBatch     = 128
+	maxBatchKeys = 4096
 	// queueSize bounds the calls waiting for a dispatcher: beyond it Redis
 	// is not keeping up, and failing at once (answered by policy) beats
 	// queueing without bound.
@@ -46,26 +47,46 @@ var errQueueFull = errors.New("redisstore: batch queue full")
 
 // call is one script evaluation waiting for a dispatcher.
 type call struct {
-	ctx    context.Context
-	checks []limit.Check
-	done   chan struct{} // closed once res and err are set
-	res    []any
-	err    error
+	ctx      context.Context
+	deadline time.Time
+	checks   []limit.Check
+	done     chan struct{} // closed once res and err are set
+	res      []any
+	err      error
 }
 
-// submit queues a call and waits for its reply or its context.
-func (s *Store) submit(ctx context.Context, checks []limit.Check) ([]any, error) {
-	c := &call{ctx: ctx, checks: checks, done: make(chan struct{})}
+// timers are reused between calls: a call waits at most until its
+// deadline, and a timer per call from the pool costs far less than a
+// context with its own.
+var timers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
+// submit queues a call and waits for its reply, its deadline or its
+// context.
+func (s *Store) submit(ctx context.Context, deadline time.Time, checks []limit.Check) ([]any, error) {
+	c := &call{ctx: ctx, deadline: deadline, checks: checks, done: make(chan struct{})}
 	select {
 	case s.queue <- c:
 	default:
 		return nil, errQueueFull
 	}
+	t := timers.Get().(*time.Timer)
+	t.Reset(time.Until(deadline))
+	defer func() {
+		// Since Go 1.23 a stopped timer's channel holds no stale value.
+		t.Stop()
+		timers.Put(t)
+	}()
 	select {
 	case <-c.done:
 		return c.res, c.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-t.C:
+		return nil, context.DeadlineExceeded
 	}
 }
 
@@ -80,11 +101,13 @@ func (s *Store) dispatch() {
 		case c := <-s.queue:
 			batch = append(batch[:0], c)
 		}
+		keys := len(batch[0].checks)
 	fill:
-		for len(batch) < maxBatch {
+		for len(batch) < maxBatch && keys < maxBatchKeys {
 			select {
 			case c := <-s.queue:
 				batch = append(batch, c)
+				keys += len(c.checks)
 			default:
 				break fill
 			}
@@ -98,15 +121,20 @@ func (s *Store) dispatch() {
 // calls (each caller still stops waiting at its own).
 func (s *Store) send(batch []*call) {
 	live := batch[:0]
-	deadline := time.Now()
+	now := time.Now()
+	deadline := now
 	for _, c := range batch {
-		if err := c.ctx.Err(); err != nil {
+		err := c.ctx.Err()
+		if err == nil && !c.deadline.After(now) {
+			err = context.DeadlineExceeded
+		}
+		if err != nil {
 			c.err = err
 			close(c.done)
 			continue
 		}
-		if dl, ok := c.ctx.Deadline(); ok && dl.After(deadline) {
-			deadline = dl
+		if c.deadline.After(deadline) {
+			deadline = c.deadline
 		}
 		live = append(live, c)
 	}
@@ -165,6 +193,7 @@ func (s *Store) sendCluster(ctx context.Context, live []*call) {
 		keys  []string
 		args  []any
 		cmd   *redis.Cmd
+		err   error
 	}
 	var groups []*group
 	for _, c := range live {
@@ -178,12 +207,17 @@ func (s *Store) sendCluster(ctx context.Context, live []*call) {
 	}
 	_, _ = s.cluster.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, g := range groups {
-			g.keys, g.args = s.scriptArgs(requests(g.calls))
-			g.cmd = p.EvalSha(ctx, s.script.Hash(), g.keys, g.args...)
+			if g.keys, g.args, g.err = s.scriptArgs(requests(g.calls)); g.err == nil {
+				g.cmd = p.EvalSha(ctx, s.script.Hash(), g.keys, g.args...)
+			}
 		}
 		return nil
 	})
 	for _, g := range groups {
+		if g.err != nil {
+			s.deliver(ctx, g.calls, nil, g.err)
+			continue
+		}
 		res, err := g.cmd.Result()
 		if err != nil && isNoScript(err) {
 			s.reloads.Add(1)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
@@ -42,7 +43,7 @@ func groupBySlot(checks []limit.Check) []slotGroup {
 // request's transient consumption in one slot rejected others there.)
 // Each group is all or nothing by itself. A refund can land in the next
 // window when the request straddles a boundary; it is never below zero.
-func (s *Store) evaluateGroups(ctx context.Context, checks []limit.Check, groups []slotGroup) ([]limit.Result, error) {
+func (s *Store) evaluateGroups(ctx context.Context, deadline time.Time, checks []limit.Check, groups []slotGroup) ([]limit.Result, error) {
 	results := make([]limit.Result, len(checks))
 	sub := func(idx []int, edit func(*limit.Check)) []limit.Check {
 		out := make([]limit.Check, len(idx))
@@ -55,9 +56,9 @@ func (s *Store) evaluateGroups(ctx context.Context, checks []limit.Check, groups
 		return out
 	}
 	for g, grp := range groups {
-		res, err := s.eval(ctx, sub(grp.idx, nil))
+		res, err := s.eval(ctx, deadline, sub(grp.idx, nil))
 		if err != nil {
-			s.undo(ctx, checks, groups[:g], results, nil)
+			s.undo(ctx, deadline, checks, groups[:g], results, nil)
 			return nil, err
 		}
 		rejected := false
@@ -68,7 +69,7 @@ func (s *Store) evaluateGroups(ctx context.Context, checks []limit.Check, groups
 			}
 		}
 		if rejected {
-			if err := s.undo(ctx, checks, groups[:g], results, groups[g+1:]); err != nil {
+			if err := s.undo(ctx, deadline, checks, groups[:g], results, groups[g+1:]); err != nil {
 				return nil, err
 			}
 			return results, nil
@@ -79,7 +80,7 @@ func (s *Store) evaluateGroups(ctx context.Context, checks []limit.Check, groups
 
 // undo refunds what the done groups consumed and reads the rest (refunds
 // among them still apply), concurrently, filling results.
-func (s *Store) undo(ctx context.Context, checks []limit.Check, done []slotGroup, results []limit.Result, rest []slotGroup) error {
+func (s *Store) undo(ctx context.Context, deadline time.Time, checks []limit.Check, done []slotGroup, results []limit.Result, rest []slotGroup) error {
 	type call struct {
 		idx    []int
 		checks []limit.Check
@@ -114,7 +115,7 @@ func (s *Store) undo(ctx context.Context, checks []limit.Check, done []slotGroup
 	var wg sync.WaitGroup
 	for k, c := range calls {
 		wg.Go(func() {
-			res, err := s.eval(ctx, c.checks)
+			res, err := s.eval(ctx, deadline, c.checks)
 			if err != nil {
 				errs[k] = err
 				return

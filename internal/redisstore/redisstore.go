@@ -200,28 +200,35 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 		s.m.RedisCall(0, ClassBreakerOpen)
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ErrBreakerOpen)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
+	deadline := time.Now().Add(s.timeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	if s.queue == nil {
+		// Batched calls carry the deadline instead: a context with a
+		// timer per request was 4 % of the service's CPU.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
 	if s.cluster != nil {
 		if groups := groupBySlot(checks); len(groups) > 1 {
-			return s.evaluateGroups(ctx, checks, groups)
+			return s.evaluateGroups(ctx, deadline, checks, groups)
 		}
 	}
-	return s.eval(ctx, checks)
+	return s.eval(ctx, deadline, checks)
 }
 
-// eval runs the script once over checks, which share one slot.
-func (s *Store) eval(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
+// eval runs the script once over checks, which share one slot, by the
+// deadline.
+func (s *Store) eval(ctx context.Context, deadline time.Time, checks []limit.Check) ([]limit.Result, error) {
 	start := time.Now()
-	budget := s.timeout
-	if dl, ok := ctx.Deadline(); ok {
-		budget = time.Until(dl)
-	}
+	budget := deadline.Sub(start)
 
 	var vals []any
 	var err error
 	if s.queue != nil {
-		vals, err = s.submit(ctx, checks)
+		vals, err = s.submit(ctx, deadline, checks)
 	} else {
 		vals, err = s.run(ctx, [][]limit.Check{checks})
 		if err == nil {
@@ -261,7 +268,10 @@ func (s *Store) nowArg() string {
 // run evaluates the script once for one or more requests, reloading it
 // on NOSCRIPT, and returns the flat reply: three values per key.
 func (s *Store) run(ctx context.Context, reqs [][]limit.Check) ([]any, error) {
-	keys, args := s.scriptArgs(reqs)
+	keys, args, err := s.scriptArgs(reqs)
+	if err != nil {
+		return nil, err
+	}
 	res, err := s.script.EvalSha(ctx, s.client, keys, args...).Result()
 	if err != nil && isNoScript(err) {
 		s.reloads.Add(1)
@@ -273,15 +283,17 @@ func (s *Store) run(ctx context.Context, reqs [][]limit.Check) ([]any, error) {
 
 // scriptArgs lays requests out as the script's keys and arguments: the
 // requests' distinct rules go once each, and every key refers to its rule
-// (see scripts/decide.lua).
-func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any) {
+// in one number with its hits and flags (see scripts/decide.lua), which
+// leaves room for 2^18 rules per call; the dispatcher keeps a batch far
+// below that (maxBatchKeys), and a single request beyond it is refused.
+func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	nkeys := 0
 	for _, r := range reqs {
 		nkeys += len(r)
 	}
 	keys := make([]string, 0, nkeys)
 	var rules []rule
-	perKey := make([]any, 0, 2*nkeys)
+	perKey := make([]any, 0, nkeys)
 	for _, r := range reqs {
 		for _, c := range r {
 			keys = append(keys, c.Key)
@@ -291,6 +303,9 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any) {
 				q = len(rules)
 				rules = append(rules, ru)
 			}
+			if q >= maxRules {
+				return nil, nil, fmt.Errorf("redisstore: more than %d distinct limits in one script call", maxRules)
+			}
 			flags := 0
 			if c.Refund {
 				flags |= 1
@@ -298,7 +313,7 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any) {
 			if c.NoVeto {
 				flags |= 2
 			}
-			perKey = append(perKey, (q+1)*4+flags, c.Hits)
+			perKey = append(perKey, c.Hits<<20|uint64((q+1)*4+flags))
 		}
 	}
 	args := make([]any, 0, 3+len(reqs)+4*len(rules)+len(perKey))
@@ -310,8 +325,11 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any) {
 	for _, ru := range rules {
 		args = append(args, ru.limit, ru.windowUS, uint8(ru.algorithm), ru.burst)
 	}
-	return keys, append(args, perKey...)
+	return keys, append(args, perKey...), nil
 }
+
+// maxRules bounds the distinct rules of one script call (see scriptArgs).
+const maxRules = 1<<18 - 1
 
 // checkReply returns the script's flat reply for nkeys keys.
 func checkReply(res any, err error, nkeys int) ([]any, error) {

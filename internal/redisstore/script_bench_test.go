@@ -12,15 +12,17 @@ import (
 )
 
 // BenchmarkScript measures what Redis spends on the decide script alone:
-// batches of one-key requests sent back to back (no contention from
-// concurrent callers), Redis's own CPU time (INFO cpu) divided by the
-// decisions, reported as redis-µs/decision. Run with
+// batches of requests of one or three keys sent back to back (no
+// contention from concurrent callers), Redis's own CPU time (INFO cpu)
+// divided by the decisions (requests), reported as redis-µs/decision.
+// Run with
 // go test -run XXX -bench Script ./internal/redisstore/
 func BenchmarkScript(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, algo := range []limit.Algorithm{limit.FixedWindow, limit.SlidingWindow, limit.TokenBucket} {
-		for _, batch := range []int{1, 10, 64} {
-			b.Run(fmt.Sprintf("algo=%d/batch=%d", algo, batch), func(b *testing.B) {
+		for _, bt := range []struct{ batch, keys int }{{1, 1}, {10, 1}, {64, 1}, {10, 3}, {64, 3}} {
+			batch := bt.batch
+			b.Run(fmt.Sprintf("algo=%d/batch=%d/keys=%d", algo, batch, bt.keys), func(b *testing.B) {
 				s, err := New(Options{URL: srv.URL(), Dispatchers: -1})
 				if err != nil {
 					b.Fatal(err)
@@ -36,7 +38,11 @@ func BenchmarkScript(b *testing.B) {
 				b.ResetTimer()
 				for b.Loop() {
 					for i := range batch {
-						reqs[i] = []limit.Check{{Key: "bench:" + strconv.Itoa(n%10000), Limit: 1e9, WindowUS: 3600e6, Hits: 1, Algorithm: algo}}
+						reqs[i] = reqs[i][:0]
+						for j := range bt.keys {
+							key := "bench:" + strconv.Itoa(j) + ":" + strconv.Itoa(n%10000)
+							reqs[i] = append(reqs[i], limit.Check{Key: key, Limit: 1e9, WindowUS: 3600e6, Hits: 1, Algorithm: algo})
+						}
 						n++
 					}
 					if _, err := s.run(ctx, reqs); err != nil {

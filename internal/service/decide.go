@@ -227,6 +227,11 @@ func (s *Service) logFailure(ctx context.Context, err error, checks int) {
 func (s *Service) respond(domain string, items []item, checks []limit.Check, states []checkState) *rlsv3.RateLimitResponse {
 	now := s.now()
 	statuses := make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))
+	// One allocation each for the statuses, their limits and their
+	// durations, instead of three per descriptor.
+	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, len(items))
+	lims := make([]rlsv3.RateLimitResponse_RateLimit, len(items))
+	durs := make([]durationpb.Duration, len(items))
 	overLimit, quotaTotal, quotaOver := false, 0, 0
 	var reasons []any
 	if s.opts.DecisionMetadata {
@@ -239,7 +244,8 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 	}
 	for i := range items {
 		it := &items[i]
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		st := &sts[i]
+		st.Code = rlsv3.RateLimitResponse_OK
 		statuses[i] = st
 		switch it.kind {
 		case noLimit:
@@ -255,11 +261,9 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 			explain(i, metrics.OutcomeUnlimited)
 			continue
 		}
-		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
-			Name:            it.name,
-			RequestsPerUnit: it.rpu,
-			Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(it.unit),
-		}
+		st.CurrentLimit = &lims[i]
+		st.CurrentLimit.Name, st.CurrentLimit.RequestsPerUnit = it.name, it.rpu
+		st.CurrentLimit.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(it.unit)
 		if it.mult > 1 {
 			st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(it.mult)
 		}
@@ -268,7 +272,7 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 		switch {
 		case cs.cached:
 			over, outcome = true, metrics.OutcomeLocalCache
-			st.DurationUntilReset = ceilSeconds(cs.until.Sub(now))
+			st.DurationUntilReset = ceilSeconds(&durs[i], cs.until.Sub(now))
 		case cs.failed:
 			over, outcome = s.failureAnswer(it)
 		default:
@@ -287,7 +291,7 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 					outcome = metrics.OutcomeNearLimit
 				}
 			}
-			st.DurationUntilReset = untilReset(it.algo, cs.res.ResetUS)
+			st.DurationUntilReset = untilReset(&durs[i], it.algo, cs.res.ResetUS)
 		}
 		if it.quota {
 			quotaTotal++
@@ -358,20 +362,24 @@ func (s *Service) failureAnswer(it *item) (over bool, outcome string) {
 // untilReset is duration_until_reset: whole seconds for windows (as the
 // incumbent reports), exact for a token bucket, whose next token is often
 // due in milliseconds (0: a request is allowed now).
-func untilReset(a limit.Algorithm, us int64) *durationpb.Duration {
+func untilReset(dst *durationpb.Duration, a limit.Algorithm, us int64) *durationpb.Duration {
+	d := time.Duration(us) * time.Microsecond
 	if a == limit.TokenBucket {
-		return durationpb.New(time.Duration(us) * time.Microsecond)
+		dst.Seconds, dst.Nanos = int64(d/time.Second), int32(d%time.Second)
+		return dst
 	}
-	return ceilSeconds(time.Duration(us) * time.Microsecond)
+	return ceilSeconds(dst, d)
 }
 
-// ceilSeconds rounds d up to whole seconds, as envoyproxy/ratelimit
-// reports duration_until_reset (1 to the window length): a client reading
-// only the seconds never sees 0 before the reset.
-func ceilSeconds(d time.Duration) *durationpb.Duration {
+// ceilSeconds sets dst to d rounded up to whole seconds, as
+// envoyproxy/ratelimit reports duration_until_reset (1 to the window
+// length): a client reading only the seconds never sees 0 before the
+// reset.
+func ceilSeconds(dst *durationpb.Duration, d time.Duration) *durationpb.Duration {
 	secs := int64((d + time.Second - 1) / time.Second)
 	if secs < 1 {
 		secs = 1
 	}
-	return &durationpb.Duration{Seconds: secs}
+	dst.Seconds = secs
+	return dst
 }

@@ -12,9 +12,11 @@
 -- then Q, the number of distinct rules, and per rule 4 values:
 --          limit, window_us, algorithm (0 fixed window, 1 sliding window,
 --          2 token bucket), burst
--- then per key i, in order, 2 values:
---          rule * 4 + flags (rule 1-based; flags 1 = refund, 2 = no veto:
---          shadow), hits
+-- then per key i, in order, 1 value:
+--          hits * 2^20 + rule * 4 + flags (rule 1-based, below 2^18;
+--          flags 1 = refund, 2 = no veto: shadow); exact in a double,
+--          since hits < 2^32 (one argument fewer per key to parse and
+--          convert)
 -- Values: fixed "<window_end_us>:<count>", sliding "<window_end_us>:<count>:<prev>",
 -- token bucket "<tat_us>". A value that does not parse (a leaked or foreign
 -- key, or a key of another type, which MGET reads as absent) counts as
@@ -103,9 +105,10 @@ local function decide(k0, n)
   local admitted = true
   for i = 1, n do
     local k = k0 + i
-    local rf = tonumber(ARGV[A0 + 2 * (k - 1)])
+    local v = tonumber(ARGV[A0 + k - 1])
+    local h = floor(v / 1048576)
+    local rf = v - h * 1048576
     local q, f = floor(rf / 4), rf % 4
-    local h = tonumber(ARGV[A0 + 2 * k - 1])
     local raw
     if vals then
       raw = written[KEYS[k]]
