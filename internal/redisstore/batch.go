@@ -230,11 +230,12 @@ func (s *Store) sendCluster(ctx context.Context, live []*call) {
 }
 
 // refusedWhole reports an error reply that Redis gives before running a
-// script call at all, for one of its keys: NOPERM, a key the ACL user may
-// not touch. Nothing ran, so each request can be asked again alone.
+// script call at all, for one of its keys: NOPERM for a key the ACL user
+// may not touch. Nothing ran, so each request can be asked again alone.
+// (A NOPERM for the command itself would refuse every request alike.)
 func refusedWhole(err error) bool {
 	var rerr redis.Error
-	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "NOPERM")
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "NOPERM") && strings.Contains(rerr.Error(), "keys")
 }
 
 // runAlone sends each call of a refused batch as its own script call,

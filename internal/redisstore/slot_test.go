@@ -22,3 +22,15 @@ func TestSlot(t *testing.T) {
 		}
 	}
 }
+
+func TestRefusedWhole(t *testing.T) {
+	for msg, want := range map[string]bool{
+		"NOPERM this user has no permissions to access one of the keys used as arguments": true,
+		"NOPERM this user has no permissions to run the 'evalsha' command":                false,
+		"WRONGTYPE Operation against a key holding the wrong kind of value":               false,
+	} {
+		if got := refusedWhole(scriptError(msg)); got != want {
+			t.Errorf("refusedWhole(%q) = %v, want %v", msg, got, want)
+		}
+	}
+}
