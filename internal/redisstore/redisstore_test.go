@@ -301,3 +301,32 @@ func TestTimelines(t *testing.T) {
 		t.Errorf("after 10 s idle: %+v, want a full bucket less one", r)
 	}
 }
+
+// TestLargeCall decides a call with more keys than the script reads with
+// one MGET (it then reads key by key): same decisions, and a key of
+// another type is healed there too.
+func TestLargeCall(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, srv, nil)
+	rdb := srv.Client()
+	ctx := context.Background()
+	rdb.RPush(ctx, "big:7", "x")
+	checks := make([]limit.Check, 1500)
+	for i := range checks {
+		checks[i] = limit.Check{Key: fmt.Sprint("big:", i), Limit: 5, WindowUS: 3600e6, Hits: 1}
+	}
+	for round := 1; round <= 2; round++ {
+		r, err := s.Evaluate(ctx, checks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, x := range r {
+			if x.Over || x.Remaining != uint64(5-round) {
+				t.Fatalf("round %d key %d: %+v, want remaining %d", round, i, x, 5-round)
+			}
+		}
+	}
+	if typ := rdb.Type(ctx, "big:7").Val(); typ != "string" || rdb.PTTL(ctx, "big:7").Val() <= 0 {
+		t.Errorf("key of another type: %s, TTL %v", typ, rdb.PTTL(ctx, "big:7").Val())
+	}
+}

@@ -114,7 +114,9 @@ local function decide(k0, n)
       raw = written[KEYS[k]]
       if raw == nil then raw = vals[k] end
     else
-      raw = redis.call('GET', KEYS[k])
+      -- MGET, like the call-wide read: a key of another type reads as
+      -- absent instead of failing the request.
+      raw = redis.call('MGET', KEYS[k])[1]
     end
     if not raw then raw = nil end
     local a, c, p, o = alg[q], 0, 0, false
