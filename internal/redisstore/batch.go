@@ -14,9 +14,9 @@ import (
 )
 
 // Batching: concurrent requests' script calls are sent together (on
-// Cluster, one script call per hash slot, pipelined per node). Each of
-// a few dispatchers takes one queued call, adds whatever else has queued
-// meanwhile (up to maxBatch), and sends them as one script call: one write,
+// Cluster, one script call per hash slot, pipelined per node). Each
+// dispatcher (one by default) takes one queued call, adds whatever else has
+// queued meanwhile (up to maxBatch), and sends them as one script call: one write,
 // one round trip, one read on Redis's side for many decisions. There is
 // no timer: at low load a call goes out at once, alone; under load the
 // batches grow by themselves while the previous round trips are in
@@ -27,9 +27,10 @@ import (
 // A batch goes out as ONE script call deciding its requests in order, each
 // all or nothing: a pipeline of one EVALSHA per request was measured first
 // (docs/BENCHMARKS.md) and left the per-call script cost — half of the
-// script's time — on every request. A Redis error in one request (its key
-// holds another type, a refused write) ends only that request: the script
-// catches it and reports it in that request's part of the reply.
+// script's time — on every request. A Redis error in one request (a
+// refused write) ends only that request: the script catches it and reports
+// it in that request's part of the reply; a call Redis refuses before
+// running it because of one key (NOPERM) is asked again request by request.
 
 const (
 	// maxBatch and maxBatchKeys bound one batch, so a burst cannot build

@@ -1,8 +1,9 @@
-// Package redisstore decides rate-limit checks in Redis: one EVALSHA of an
-// embedded, constant Lua script per request (per hash slot on Cluster),
-// with "now" read from Redis's own clock, increments applied all or
-// nothing, and every key written together with its expiry. Every call is
-// bounded; a breaker stops waiting on a Redis that does not answer.
+// Package redisstore decides rate-limit checks in Redis: an embedded,
+// constant Lua script decides each request all or nothing (per hash slot
+// on Cluster), with "now" read from Redis's own clock and every key
+// written together with its expiry; concurrent requests share one EVALSHA
+// (batching). Every call is bounded; a breaker stops waiting on a Redis
+// that does not answer.
 package redisstore
 
 import (
@@ -188,10 +189,10 @@ func (s *Store) probe(ctx context.Context) error {
 	return nil
 }
 
-// Evaluate decides checks: in one script call, or on Cluster one call
-// per hash slot, sent concurrently. Across slots, when one group rejects,
-// what the others consumed is refunded in a second round trip, so a
-// rejected request consumes no limit. Errors wrap ErrUnavailable.
+// Evaluate decides checks: in one script call (shared with concurrent
+// requests when batching), or on Cluster one call per hash slot, in slot
+// order (see evaluateGroups), so a rejected request consumes no limit.
+// Errors wrap ErrUnavailable.
 func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	if len(checks) == 0 {
 		return nil, nil
