@@ -13,10 +13,13 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
-// Batching: concurrent requests' script calls are sent together (on
-// Cluster, one script call per hash slot, pipelined per node). Each
-// dispatcher (one by default) takes one queued call, adds whatever else has
-// queued meanwhile (up to maxBatch), and sends them as one script call: one write,
+// Batching: concurrent requests' script calls are sent together. Each
+// Redis server the store writes to has its own batcher — one in single and
+// sentinel modes, one per master on Cluster, so that a slow master holds
+// back only its own calls. Each of its dispatchers (one by default) takes
+// one queued call, adds whatever else has queued meanwhile (up to
+// maxBatch), and sends them as one script call (on Cluster, one per hash
+// slot, pipelined on the master's connection): one write,
 // one round trip, one read on Redis's side for many decisions. There is
 // no timer: at low load a call goes out at once, alone; under load the
 // batches grow by themselves while the previous round trips are in
@@ -65,12 +68,61 @@ var timers = sync.Pool{New: func() any {
 	return t
 }}
 
+// batcher queues the calls bound for one Redis server.
+type batcher struct {
+	queue chan *call
+	// client is the store's client, or on Cluster one master's; node is
+	// set on Cluster.
+	client redis.Scripter
+	node   *redis.Client
+}
+
+// newBatcher makes a batcher and starts its dispatchers.
+func (s *Store) newBatcher(client redis.Scripter, node *redis.Client) *batcher {
+	b := &batcher{queue: make(chan *call, queueSize), client: client, node: node}
+	for range s.dispatchers {
+		s.wg.Go(func() { s.dispatch(b) })
+	}
+	return b
+}
+
+// batcherFor returns the batcher of the server that holds key.
+func (s *Store) batcherFor(ctx context.Context, key string) (*batcher, error) {
+	if s.cluster == nil {
+		return s.single, nil
+	}
+	node, err := s.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	if s.closed {
+		return nil, redis.ErrClosed
+	}
+	b := s.nodes[node]
+	if b == nil {
+		if s.nodes == nil {
+			s.nodes = map[*redis.Client]*batcher{}
+		}
+		// A master go-redis replaces gets a new client, hence a new
+		// batcher; the old one's dispatchers idle until Close.
+		b = s.newBatcher(node, node)
+		s.nodes[node] = b
+	}
+	return b, nil
+}
+
 // submit queues a call and waits for its reply, its deadline or its
 // context.
 func (s *Store) submit(ctx context.Context, deadline time.Time, checks []limit.Check) ([]any, error) {
+	b, err := s.batcherFor(ctx, checks[0].Key)
+	if err != nil {
+		return nil, err
+	}
 	c := &call{ctx: ctx, deadline: deadline, checks: checks, done: make(chan struct{})}
 	select {
-	case s.queue <- c:
+	case b.queue <- c:
 	default:
 		return nil, errQueueFull
 	}
@@ -91,22 +143,22 @@ func (s *Store) submit(ctx context.Context, deadline time.Time, checks []limit.C
 	}
 }
 
-// dispatch sends batches until the store closes.
-func (s *Store) dispatch() {
+// dispatch sends b's batches until the store closes.
+func (s *Store) dispatch(b *batcher) {
 	batch := make([]*call, 0, maxBatch)
 	for {
 		select {
 		case <-s.done:
-			s.failQueued()
+			failQueued(b)
 			return
-		case c := <-s.queue:
+		case c := <-b.queue:
 			batch = append(batch[:0], c)
 		}
 		keys := len(batch[0].checks)
 	fill:
 		for len(batch) < maxBatch && keys < maxBatchKeys {
 			select {
-			case c := <-s.queue:
+			case c := <-b.queue:
 				batch = append(batch, c)
 				keys += len(c.checks)
 			default:
@@ -114,13 +166,14 @@ func (s *Store) dispatch() {
 			}
 		}
 		s.m.Batch(len(batch))
-		s.send(batch)
+		s.send(b, batch)
 	}
 }
 
-// send runs one batch as one script call, bounded by the latest deadline of its
-// calls (each caller still stops waiting at its own).
-func (s *Store) send(batch []*call) {
+// send runs one batch as one script call (one per slot on Cluster),
+// bounded by the latest deadline of its calls (each caller still stops
+// waiting at its own).
+func (s *Store) send(b *batcher, batch []*call) {
 	live := batch[:0]
 	now := time.Now()
 	deadline := now
@@ -147,11 +200,11 @@ func (s *Store) send(batch []*call) {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	if s.cluster != nil {
-		s.sendCluster(ctx, live)
+	if b.node != nil {
+		s.sendSlots(ctx, b, live)
 		return
 	}
-	vals, err := s.run(ctx, requests(live))
+	vals, err := s.runOn(ctx, b.client, requests(live))
 	s.deliver(ctx, live, vals, err)
 }
 
@@ -182,12 +235,13 @@ func (s *Store) deliver(ctx context.Context, calls []*call, vals []any, err erro
 	}
 }
 
-// sendCluster sends a batch on Cluster, where one script call can only
-// hold keys of one hash slot (each call's keys share one: see
-// evaluateGroups): one script call per slot, all of them in one pipeline,
-// which go-redis splits per node and sends to the nodes concurrently,
-// following MOVED and ASK.
-func (s *Store) sendCluster(ctx context.Context, live []*call) {
+// sendSlots sends a batch for one Cluster master, where one script call
+// can only hold keys of one hash slot (each call's keys share one: see
+// evaluateGroups): one script call per slot, pipelined on the master's
+// connection. A slot that has moved since the store learned the map
+// (MOVED, ASK) is sent again through the Cluster client, which follows the
+// redirection and learns the new map.
+func (s *Store) sendSlots(ctx context.Context, b *batcher, live []*call) {
 	type group struct {
 		slot  int
 		calls []*call
@@ -206,7 +260,7 @@ func (s *Store) sendCluster(ctx context.Context, live []*call) {
 		}
 		groups[i].calls = append(groups[i].calls, c)
 	}
-	_, _ = s.cluster.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, _ = b.node.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, g := range groups {
 			if g.keys, g.args, g.err = s.scriptArgs(requests(g.calls)); g.err == nil {
 				g.cmd = p.EvalSha(ctx, s.script.Hash(), g.keys, g.args...)
@@ -220,14 +274,26 @@ func (s *Store) sendCluster(ctx context.Context, live []*call) {
 			continue
 		}
 		res, err := g.cmd.Result()
-		if err != nil && isNoScript(err) {
+		switch {
+		case err != nil && isNoScript(err):
 			s.reloads.Add(1)
 			s.m.ScriptReload()
-			res, err = s.script.Eval(ctx, s.cluster, g.keys, g.args...).Result()
+			res, err = s.script.Eval(ctx, b.node, g.keys, g.args...).Result()
+		case err != nil && isRedirect(err):
+			res, err = s.script.EvalSha(ctx, s.cluster, g.keys, g.args...).Result()
+			if err != nil && isNoScript(err) {
+				res, err = s.script.Eval(ctx, s.cluster, g.keys, g.args...).Result()
+			}
 		}
 		vals, err := checkReply(res, err, len(g.keys))
 		s.deliver(ctx, g.calls, vals, err)
 	}
+}
+
+// isRedirect reports a Cluster redirection: the slot is served elsewhere.
+func isRedirect(err error) bool {
+	msg := err.Error()
+	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ")
 }
 
 // refusedWhole reports an error reply that Redis gives before running a
@@ -256,11 +322,11 @@ func (s *Store) runAlone(ctx context.Context, calls []*call) {
 	wg.Wait()
 }
 
-// failQueued answers every call still queued when the store closes.
-func (s *Store) failQueued() {
+// failQueued answers every call still queued in b when the store closes.
+func failQueued(b *batcher) {
 	for {
 		select {
-		case c := <-s.queue:
+		case c := <-b.queue:
 			c.err = redis.ErrClosed
 			close(c.done)
 		default:

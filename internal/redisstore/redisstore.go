@@ -91,12 +91,19 @@ type Store struct {
 	log     *slog.Logger
 	breaker *breaker
 
-	queue    chan *call // nil when batching is off
-	reloads  atomic.Int64
-	done     chan struct{}
-	wg       sync.WaitGroup
-	closeMu  sync.Once
-	policies sync.Map // node → last maxmemory-policy logged
+	// Batching: dispatchers per batcher (negative: off); single is the
+	// one batcher of single and sentinel modes, nodes those of Cluster's
+	// masters, made as calls reach them.
+	dispatchers int
+	single      *batcher
+	nodesMu     sync.Mutex
+	nodes       map[*redis.Client]*batcher
+	closed      bool
+	reloads     atomic.Int64
+	done        chan struct{}
+	wg          sync.WaitGroup
+	closeMu     sync.Once
+	policies    sync.Map // node → last maxmemory-policy logged
 }
 
 // New parses the URL and builds the client. It does not wait for Redis: a
@@ -138,13 +145,12 @@ func New(opts Options) (*Store, error) {
 			s.log.Info("redis breaker closed: Redis answers again")
 		}
 	})
-	if dispatchers := opts.Dispatchers; dispatchers >= 0 {
-		if dispatchers == 0 {
-			dispatchers = 1
+	if s.dispatchers = opts.Dispatchers; s.dispatchers >= 0 {
+		if s.dispatchers == 0 {
+			s.dispatchers = 1
 		}
-		s.queue = make(chan *call, queueSize)
-		for range dispatchers {
-			s.wg.Go(s.dispatch)
+		if s.cluster == nil {
+			s.single = s.newBatcher(s.client, nil)
 		}
 	}
 	every := opts.PolicyCheckEvery
@@ -205,7 +211,7 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
 	}
-	if s.queue == nil {
+	if s.dispatchers < 0 {
 		// Batched calls carry the deadline instead: a context with a
 		// timer per request was 4 % of the service's CPU.
 		var cancel context.CancelFunc
@@ -228,7 +234,7 @@ func (s *Store) eval(ctx context.Context, deadline time.Time, checks []limit.Che
 
 	var vals []any
 	var err error
-	if s.queue != nil {
+	if s.dispatchers >= 0 {
 		vals, err = s.submit(ctx, deadline, checks)
 	} else {
 		vals, err = s.run(ctx, [][]limit.Check{checks})
@@ -269,15 +275,20 @@ func (s *Store) nowArg() string {
 // run evaluates the script once for one or more requests, reloading it
 // on NOSCRIPT, and returns the flat reply: three values per key.
 func (s *Store) run(ctx context.Context, reqs [][]limit.Check) ([]any, error) {
+	return s.runOn(ctx, s.client, reqs)
+}
+
+// runOn is run on a given client: the store's, or one Cluster master's.
+func (s *Store) runOn(ctx context.Context, c redis.Scripter, reqs [][]limit.Check) ([]any, error) {
 	keys, args, err := s.scriptArgs(reqs)
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.script.EvalSha(ctx, s.client, keys, args...).Result()
+	res, err := s.script.EvalSha(ctx, c, keys, args...).Result()
 	if err != nil && isNoScript(err) {
 		s.reloads.Add(1)
 		s.m.ScriptReload()
-		res, err = s.script.Eval(ctx, s.client, keys, args...).Result()
+		res, err = s.script.Eval(ctx, c, keys, args...).Result()
 	}
 	return checkReply(res, err, len(keys))
 }
@@ -387,6 +398,9 @@ func (s *Store) BreakerOpen() bool { return s.breaker.isOpen() }
 func (s *Store) Close() error {
 	var err error
 	s.closeMu.Do(func() {
+		s.nodesMu.Lock()
+		s.closed = true
+		s.nodesMu.Unlock()
 		close(s.done)
 		s.breaker.stop()
 		s.wg.Wait()

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,10 +87,15 @@ func clusterKeys(t *testing.T, nodes []*redistest.Server, base string, n int) []
 
 // clusterStore starts a 3-master cluster and a store on it that has
 // loaded the script on every master (and so learned the slot map).
-func clusterStore(t *testing.T) ([]*redistest.Server, *redisstore.Store) {
+// Options edits, if any, change the store's options.
+func clusterStore(t *testing.T, edits ...func(*redisstore.Options)) ([]*redistest.Server, *redisstore.Store) {
 	t.Helper()
 	nodes := redistest.StartCluster(t, 3)
-	s, err := redisstore.New(redisstore.Options{URL: redistest.ClusterURL(nodes), Mode: redisstore.ModeCluster, Timeout: 2 * time.Second})
+	opts := redisstore.Options{URL: redistest.ClusterURL(nodes), Mode: redisstore.ModeCluster, Timeout: 2 * time.Second}
+	for _, edit := range edits {
+		edit(&opts)
+	}
+	s, err := redisstore.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,5 +305,66 @@ func TestClusterMoved(t *testing.T) {
 	}
 	if n, err := target.Client().Exists(ctx, key).Result(); err != nil || n != 1 {
 		t.Errorf("key not on the slot's new owner %s: %v %v", target.Addr(), n, err)
+	}
+}
+
+// TestClusterNodePaused freezes one master under concurrent load: calls
+// for the other masters keep being decided at once, never held behind the
+// frozen one (batches are per node), and calls for the frozen one fail by
+// their deadline.
+func TestClusterNodePaused(t *testing.T) {
+	// The breaker stays out of the way: this is about batching.
+	nodes, s := clusterStore(t, func(o *redisstore.Options) { o.Timeout, o.BreakerFailures = 300*time.Millisecond, 1<<20 })
+	ctx := context.Background()
+	keys := clusterKeys(t, nodes, fmt.Sprint("hol", time.Now().UnixNano()), 3)
+	sl, err := nodes[0].Client().ClusterKeySlot(ctx, keys[0]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := nodes[min(int(sl)/(16384/3), 2)]
+	frozen.Pause()
+	defer frozen.Resume()
+
+	var mu sync.Mutex
+	var healthy []time.Duration
+	var healthyErrs, frozenOK atomic.Int64
+	var wg sync.WaitGroup
+	end := time.Now().Add(1500 * time.Millisecond)
+	for g := range 24 {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(end); i++ {
+				key := keys[(g+i)%3]
+				start := time.Now()
+				_, err := s.Evaluate(ctx, []limit.Check{{Key: key, Limit: 1 << 30, WindowUS: 3600e6, Hits: 1}})
+				took := time.Since(start)
+				if key == keys[0] {
+					if err == nil {
+						frozenOK.Add(1)
+					}
+					continue
+				}
+				if err != nil {
+					healthyErrs.Add(1)
+					continue
+				}
+				mu.Lock()
+				healthy = append(healthy, took)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(healthy)
+	if len(healthy) == 0 {
+		t.Fatal("no call for a healthy master was decided")
+	}
+	p99 := healthy[len(healthy)*99/100]
+	t.Logf("one master frozen: %d calls on the others, p50 %v p99 %v, %d failed; %d calls on the frozen one answered",
+		len(healthy), healthy[len(healthy)/2], p99, healthyErrs.Load(), frozenOK.Load())
+	if healthyErrs.Load() > 0 || p99 > 150*time.Millisecond {
+		t.Errorf("calls for healthy masters held behind the frozen one: %d failed, p99 %v (timeout 300ms)", healthyErrs.Load(), p99)
+	}
+	if frozenOK.Load() > 0 {
+		t.Errorf("%d calls for the frozen master were answered", frozenOK.Load())
 	}
 }
