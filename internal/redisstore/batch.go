@@ -75,56 +75,77 @@ type batcher struct {
 	// set on Cluster.
 	client redis.Scripter
 	node   *redis.Client
+	// quit is closed when a Cluster batcher retires (see dispatch).
+	quit chan struct{}
 }
+
+// nodeIdle is how long a Cluster master's batcher waits for calls before
+// it retires: go-redis gives a master a new client when the cluster's
+// shape changes, and the old client's batcher would otherwise idle until
+// the store closes. A variable for tests.
+var nodeIdle = time.Minute
 
 // newBatcher makes a batcher and starts its dispatchers.
 func (s *Store) newBatcher(client redis.Scripter, node *redis.Client) *batcher {
-	b := &batcher{queue: make(chan *call, queueSize), client: client, node: node}
+	b := &batcher{queue: make(chan *call, queueSize), client: client, node: node, quit: make(chan struct{})}
 	for range s.dispatchers {
 		s.wg.Go(func() { s.dispatch(b) })
 	}
 	return b
 }
 
-// batcherFor returns the batcher of the server that holds key.
-func (s *Store) batcherFor(ctx context.Context, key string) (*batcher, error) {
+// enqueue hands c to the batcher of the server that holds its keys,
+// without waiting: a full queue is errQueueFull.
+func (s *Store) enqueue(ctx context.Context, c *call) error {
 	if s.cluster == nil {
-		return s.single, nil
+		return offer(s.single, c)
 	}
-	node, err := s.cluster.MasterForKey(ctx, key)
+	node, err := s.cluster.MasterForKey(ctx, c.checks[0].Key)
 	if err != nil {
-		return nil, err
+		return err
 	}
+	// Calls are offered under the read lock, and a batcher retires under
+	// the write lock only with its queue empty: no call lands in a
+	// retired queue.
+	s.nodesMu.RLock()
+	if b := s.nodes[node]; b != nil {
+		err := offer(b, c)
+		s.nodesMu.RUnlock()
+		return err
+	}
+	s.nodesMu.RUnlock()
 	s.nodesMu.Lock()
 	defer s.nodesMu.Unlock()
 	if s.closed {
-		return nil, redis.ErrClosed
+		return redis.ErrClosed
 	}
 	b := s.nodes[node]
 	if b == nil {
 		if s.nodes == nil {
 			s.nodes = map[*redis.Client]*batcher{}
 		}
-		// A master go-redis replaces gets a new client, hence a new
-		// batcher; the old one's dispatchers idle until Close.
 		b = s.newBatcher(node, node)
 		s.nodes[node] = b
 	}
-	return b, nil
+	return offer(b, c)
+}
+
+// offer queues c in b unless the queue is full.
+func offer(b *batcher, c *call) error {
+	select {
+	case b.queue <- c:
+		return nil
+	default:
+		return errQueueFull
+	}
 }
 
 // submit queues a call and waits for its reply, its deadline or its
 // context.
 func (s *Store) submit(ctx context.Context, deadline time.Time, checks []limit.Check) ([]any, error) {
-	b, err := s.batcherFor(ctx, checks[0].Key)
-	if err != nil {
-		return nil, err
-	}
 	c := &call{ctx: ctx, deadline: deadline, checks: checks, done: make(chan struct{})}
-	select {
-	case b.queue <- c:
-	default:
-		return nil, errQueueFull
+	if err := s.enqueue(ctx, c); err != nil {
+		return nil, err
 	}
 	t := timers.Get().(*time.Timer)
 	t.Reset(time.Until(deadline))
@@ -146,11 +167,27 @@ func (s *Store) submit(ctx context.Context, deadline time.Time, checks []limit.C
 // dispatch sends b's batches until the store closes.
 func (s *Store) dispatch(b *batcher) {
 	batch := make([]*call, 0, maxBatch)
+	// A Cluster batcher retires after nodeIdle without calls.
+	var timer *time.Timer
+	var idle <-chan time.Time
+	if b.node != nil {
+		timer = time.NewTimer(nodeIdle)
+		defer timer.Stop()
+		idle = timer.C
+	}
 	for {
 		select {
 		case <-s.done:
 			failQueued(b)
 			return
+		case <-b.quit:
+			return
+		case <-idle:
+			if s.retire(b) {
+				return
+			}
+			timer.Reset(nodeIdle)
+			continue
 		case c := <-b.queue:
 			batch = append(batch[:0], c)
 		}
@@ -167,7 +204,30 @@ func (s *Store) dispatch(b *batcher) {
 		}
 		s.m.Batch(len(batch))
 		s.send(b, batch)
+		if timer != nil {
+			timer.Reset(nodeIdle)
+		}
 	}
+}
+
+// retire removes an idle Cluster batcher, unless a call has just been
+// queued in it, and reports whether b is retired.
+func (s *Store) retire(b *batcher) bool {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	select {
+	case <-b.quit:
+		return true
+	default:
+	}
+	if len(b.queue) > 0 {
+		return false
+	}
+	if s.nodes[b.node] == b {
+		delete(s.nodes, b.node)
+	}
+	close(b.quit)
+	return true
 }
 
 // send runs one batch as one script call (one per slot on Cluster),

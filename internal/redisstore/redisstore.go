@@ -96,7 +96,7 @@ type Store struct {
 	// masters, made as calls reach them.
 	dispatchers int
 	single      *batcher
-	nodesMu     sync.Mutex
+	nodesMu     sync.RWMutex
 	nodes       map[*redis.Client]*batcher
 	closed      bool
 	reloads     atomic.Int64

@@ -23,15 +23,8 @@ func BenchmarkScript(b *testing.B) {
 		for _, bt := range []struct{ batch, keys int }{{1, 1}, {10, 1}, {64, 1}, {10, 3}, {64, 3}} {
 			batch := bt.batch
 			b.Run(fmt.Sprintf("algo=%d/batch=%d/keys=%d", algo, batch, bt.keys), func(b *testing.B) {
-				s, err := New(Options{URL: srv.URL(), Dispatchers: -1})
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer s.Close()
+				s := pingedStore(b, Options{URL: srv.URL(), Dispatchers: -1})
 				ctx := context.Background()
-				if err := s.Ping(ctx); err != nil {
-					b.Fatal(err)
-				}
 				reqs := make([][]limit.Check, batch)
 				n := 0
 				cpu0 := redisCPU(b, srv)
@@ -54,6 +47,21 @@ func BenchmarkScript(b *testing.B) {
 			})
 		}
 	}
+}
+
+// pingedStore returns a store that has reached Redis and loaded the
+// script, closed when the test ends.
+func pingedStore(tb testing.TB, opts Options) *Store {
+	tb.Helper()
+	s, err := New(opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	if err := s.Ping(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+	return s
 }
 
 // redisCPU is the server's user+system CPU seconds so far.

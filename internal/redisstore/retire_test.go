@@ -1,0 +1,49 @@
+package redisstore
+
+import (
+	"context"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+)
+
+// TestNodeBatcherRetires: a Cluster master's batcher that gets no calls
+// for nodeIdle stops its dispatchers and leaves the map; the next call
+// for that master makes a new one.
+func TestNodeBatcherRetires(t *testing.T) {
+	defer func(d time.Duration) { nodeIdle = d }(nodeIdle)
+	nodeIdle = 100 * time.Millisecond
+	nodes := redistest.StartCluster(t, 3)
+	s := pingedStore(t, Options{URL: redistest.ClusterURL(nodes), Mode: ModeCluster, Timeout: 2 * time.Second, Dispatchers: 2})
+	ctx := context.Background()
+	count := func() int {
+		s.nodesMu.RLock()
+		defer s.nodesMu.RUnlock()
+		return len(s.nodes)
+	}
+	check := []limit.Check{{Key: "retire", Limit: 10, WindowUS: 3600e6, Hits: 1}}
+	before := runtime.NumGoroutine()
+	for round := 1; round <= 2; round++ {
+		r, err := s.Evaluate(ctx, check)
+		if err != nil || r[0].Used(10) != uint64(round) {
+			t.Fatalf("round %d: %+v, %v", round, r, err)
+		}
+		if n := count(); n != 1 {
+			t.Fatalf("round %d: %d batchers, want 1", round, n)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for count() != 0 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if n := count(); n != 0 {
+			t.Fatalf("round %d: %d batchers after idling, want 0", round, n)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	if after := runtime.NumGoroutine(); after > before {
+		t.Errorf("goroutines %d -> %d: retired dispatchers still running", before, after)
+	}
+}
