@@ -80,10 +80,10 @@ type batcher struct {
 }
 
 // nodeIdle is how long a Cluster master's batcher waits for calls before
-// it retires: go-redis gives a master a new client when the cluster's
-// shape changes, and the old client's batcher would otherwise idle until
-// the store closes. A variable for tests.
-var nodeIdle = time.Minute
+// it retires (Store.nodeIdle, which tests shorten): go-redis gives a
+// master a new client when the cluster's shape changes, and the old
+// client's batcher would otherwise idle until the store closes.
+const nodeIdle = time.Minute
 
 // newBatcher makes a batcher and starts its dispatchers.
 func (s *Store) newBatcher(client redis.Scripter, node *redis.Client) *batcher {
@@ -171,7 +171,7 @@ func (s *Store) dispatch(b *batcher) {
 	var timer *time.Timer
 	var idle <-chan time.Time
 	if b.node != nil {
-		timer = time.NewTimer(nodeIdle)
+		timer = time.NewTimer(s.nodeIdle)
 		defer timer.Stop()
 		idle = timer.C
 	}
@@ -186,7 +186,7 @@ func (s *Store) dispatch(b *batcher) {
 			if s.retire(b) {
 				return
 			}
-			timer.Reset(nodeIdle)
+			timer.Reset(s.nodeIdle)
 			continue
 		case c := <-b.queue:
 			batch = append(batch[:0], c)
@@ -205,7 +205,7 @@ func (s *Store) dispatch(b *batcher) {
 		s.m.Batch(len(batch))
 		s.send(b, batch)
 		if timer != nil {
-			timer.Reset(nodeIdle)
+			timer.Reset(s.nodeIdle)
 		}
 	}
 }

@@ -98,6 +98,7 @@ type Store struct {
 	single      *batcher
 	nodesMu     sync.RWMutex
 	nodes       map[*redis.Client]*batcher
+	nodeIdle    time.Duration
 	closed      bool
 	reloads     atomic.Int64
 	done        chan struct{}
@@ -125,7 +126,7 @@ func New(opts Options) (*Store, error) {
 	s := &Store{
 		client: client, cluster: cluster, mode: mode,
 		script: redis.NewScript(string(src)), timeout: timeout,
-		now: opts.ScriptTime, m: opts.Metrics, log: opts.Logger, done: make(chan struct{}),
+		now: opts.ScriptTime, m: opts.Metrics, log: opts.Logger, done: make(chan struct{}), nodeIdle: nodeIdle,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

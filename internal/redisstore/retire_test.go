@@ -14,10 +14,9 @@ import (
 // for nodeIdle stops its dispatchers and leaves the map; the next call
 // for that master makes a new one.
 func TestNodeBatcherRetires(t *testing.T) {
-	defer func(d time.Duration) { nodeIdle = d }(nodeIdle)
-	nodeIdle = 100 * time.Millisecond
 	nodes := redistest.StartCluster(t, 3)
 	s := pingedStore(t, Options{URL: redistest.ClusterURL(nodes), Mode: ModeCluster, Timeout: 2 * time.Second, Dispatchers: 2})
+	s.nodeIdle = 100 * time.Millisecond // before any batcher exists
 	ctx := context.Background()
 	count := func() int {
 		s.nodesMu.RLock()
