@@ -255,9 +255,7 @@ func (s *Store) send(b *batcher, batch []*call) {
 	if len(live) == 0 {
 		return
 	}
-	if limit := time.Now().Add(s.timeout); deadline.After(limit) || !deadline.After(time.Now()) {
-		deadline = limit
-	}
+	// Evaluate has already bounded every call's deadline by the timeout.
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	if b.node != nil {

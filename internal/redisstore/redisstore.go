@@ -306,15 +306,32 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	}
 	keys := make([]string, 0, nkeys)
 	var rules []rule
+	// A call usually holds a few rules, found faster by a scan than in a
+	// map; request overrides can make every key's rule distinct, and the
+	// scan would then be quadratic in the batch.
+	var index map[rule]int
 	perKey := make([]any, 0, nkeys)
 	for _, r := range reqs {
 		for _, c := range r {
 			keys = append(keys, c.Key)
 			ru := rule{c.Limit, c.WindowUS, c.Algorithm, c.Burst}
-			q := slices.Index(rules, ru)
+			q := -1
+			if index == nil {
+				q = slices.Index(rules, ru)
+			} else if i, ok := index[ru]; ok {
+				q = i
+			}
 			if q < 0 {
 				q = len(rules)
 				rules = append(rules, ru)
+				if index != nil {
+					index[ru] = q
+				} else if len(rules) > scanRules {
+					index = make(map[rule]int, nkeys)
+					for i, r := range rules {
+						index[r] = i
+					}
+				}
 			}
 			if q >= maxRules {
 				return nil, nil, fmt.Errorf("redisstore: more than %d distinct limits in one script call", maxRules)
@@ -341,8 +358,12 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	return keys, append(args, perKey...), nil
 }
 
-// maxRules bounds the distinct rules of one script call (see scriptArgs).
-const maxRules = 1<<18 - 1
+// maxRules bounds the distinct rules of one script call (see scriptArgs);
+// beyond scanRules, scriptArgs finds them through a map.
+const (
+	maxRules  = 1<<18 - 1
+	scanRules = 8
+)
 
 // checkReply returns the script's flat reply for nkeys keys.
 func checkReply(res any, err error, nkeys int) ([]any, error) {

@@ -330,3 +330,24 @@ func TestLargeCall(t *testing.T) {
 		t.Errorf("key of another type: %s, TTL %v", typ, rdb.PTTL(ctx, "big:7").Val())
 	}
 }
+
+// TestManyRules decides one call whose keys all have different limits
+// (request overrides can do that): each key is decided by its own.
+func TestManyRules(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, srv, nil)
+	checks := make([]limit.Check, 40)
+	for i := range checks {
+		checks[i] = limit.Check{Key: fmt.Sprint("rules:", i), Limit: uint64(i + 1), WindowUS: 3600e6, Hits: 1,
+			Algorithm: limit.Algorithm(i % 3)}
+	}
+	r, err := s.Evaluate(context.Background(), checks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, x := range r {
+		if x.Over || x.Remaining != uint64(i) {
+			t.Errorf("key %d (limit %d): %+v, want remaining %d", i, i+1, x, i)
+		}
+	}
+}
