@@ -27,7 +27,8 @@ type Check struct {
 	// WindowUS is the window length in microseconds.
 	WindowUS int64
 	// Hits is what this request adds (or gives back, with Refund). Zero
-	// checks the counter without consuming.
+	// checks the counter without consuming. Stores decide on
+	// min(Hits, MaxHits): see [MaxHits].
 	Hits uint64
 	// Refund gives Hits back (never below zero) instead of consuming them.
 	// A refund is never rejected and never rejects the request.
@@ -41,6 +42,17 @@ type Check struct {
 	// Burst is a token bucket's capacity; zero means Limit.
 	Burst uint64
 }
+
+// MaxHits is where a check's hits saturate. Limits, bursts and so every
+// stored count are below 2^32, so MaxHits hits are over any limit and a
+// refund of MaxHits empties any counter: clamping changes no decision,
+// and it keeps every number a store handles exact (redisstore packs hits
+// into a double, which is exact only below 2^53).
+const MaxHits = 1 << 32
+
+// SaturatedHits returns the hits a store decides c on: Hits, at most
+// [MaxHits].
+func (c *Check) SaturatedHits() uint64 { return min(c.Hits, MaxHits) }
 
 // Result is a store's decision on one [Check].
 type Result struct {
@@ -98,7 +110,7 @@ func Decide(checks []Check, states []State, found []bool, nowUS int64, results [
 			states[i] = State{}
 		}
 		states[i] = normalize(c, states[i], nowUS)
-		results[i].Over = !c.Refund && over(c, &states[i], nowUS, c.Hits)
+		results[i].Over = !c.Refund && over(c, &states[i], nowUS, c.SaturatedHits())
 		if results[i].Over && !c.NoVeto {
 			admitted = false
 		}
@@ -154,6 +166,7 @@ func over(c *Check, st *State, now int64, hits uint64) bool {
 }
 
 func apply(c *Check, st *State, now int64, consume bool) {
+	hits := c.SaturatedHits()
 	switch c.Algorithm {
 	case TokenBucket:
 		if c.Limit == 0 {
@@ -163,20 +176,20 @@ func apply(c *Check, st *State, now int64, consume bool) {
 		switch {
 		case c.Refund:
 			// Never below now: a bucket holds at most Burst tokens.
-			if c.Hits >= uint64((st.TAT-now+t-1)/t) {
+			if hits >= uint64((st.TAT-now+t-1)/t) {
 				st.TAT = now
 			} else {
-				st.TAT -= int64(c.Hits) * t
+				st.TAT -= int64(hits) * t
 			}
 		case consume:
-			st.TAT += int64(c.Hits) * t
+			st.TAT += int64(hits) * t
 		}
 	default:
 		switch {
 		case c.Refund:
-			st.Count -= min(st.Count, c.Hits)
+			st.Count -= min(st.Count, hits)
 		case consume:
-			st.Count += c.Hits
+			st.Count += hits
 		}
 	}
 }

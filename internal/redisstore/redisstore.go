@@ -343,7 +343,7 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 			if c.NoVeto {
 				flags |= 2
 			}
-			perKey = append(perKey, c.Hits<<20|uint64((q+1)*4+flags))
+			perKey = append(perKey, c.SaturatedHits()<<20|uint64((q+1)*4+flags))
 		}
 	}
 	args := make([]any, 0, 3+len(reqs)+4*len(rules)+len(perKey))

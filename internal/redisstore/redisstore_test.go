@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -155,7 +156,8 @@ func TestUnavailable(t *testing.T) {
 // on the same scripted clock, to the Lua script and to memstore (the Go
 // definition in limit.Decide), every algorithm mixed in one request, with
 // bursts, gaps across windows, hits above 1, peeks, refunds and shadow
-// counters. Every decision must be identical.
+// counters, and hits up to what 64 descriptors of 2^32-1 on one counter
+// sum to. Every decision must be identical.
 func TestMatchesMemstore(t *testing.T) {
 	srv := redistest.Start(t)
 	var clock atomic.Int64
@@ -197,8 +199,13 @@ func TestMatchesMemstore(t *testing.T) {
 			}
 			seen[key] = true
 			hits := uint64(rng.IntN(3))
-			if rng.IntN(10) == 0 {
+			switch rng.IntN(40) {
+			case 0, 1, 2, 3:
 				hits = uint64(rng.IntN(12))
+			case 4:
+				// What a request can carry: up to 2^32-1 per descriptor,
+				// summed over up to 64 descriptors of one counter.
+				hits = []uint64{math.MaxUint32, limit.MaxHits, 9 * math.MaxUint32, 64 * math.MaxUint32, 1 << 33}[rng.IntN(5)]
 			}
 			checks = append(checks, limit.Check{
 				Key: key, Limit: ru.limit, WindowUS: ru.windowUS, Hits: hits,

@@ -109,10 +109,12 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 	}
 	states := make([]checkState, len(checks))
 	for c := range checks {
+		// The sums are exact (MaxDescriptors hits of at most 2^32-1 each);
+		// the net saturates, which decides the same (see limit.MaxHits).
 		if consume[c] >= refund[c] {
-			checks[c].Hits = consume[c] - refund[c]
+			checks[c].Hits = min(consume[c]-refund[c], limit.MaxHits)
 		} else {
-			checks[c].Hits, checks[c].Refund = refund[c]-consume[c], true
+			checks[c].Hits, checks[c].Refund = min(refund[c]-consume[c], limit.MaxHits), true
 		}
 	}
 	return checks, states

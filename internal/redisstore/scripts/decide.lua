@@ -15,8 +15,10 @@
 -- then per key i, in order, 1 value:
 --          hits * 2^20 + rule * 4 + flags (rule 1-based, below 2^18;
 --          flags 1 = refund, 2 = no veto: shadow); exact in a double,
---          since hits < 2^32 (one argument fewer per key to parse and
---          convert)
+--          since hits <= 2^32 (redisstore saturates them at
+--          limit.MaxHits, over any limit; one argument fewer per key to
+--          parse and convert). Counts and limits stay below 2^32, so every
+--          sum below is exact too.
 -- Values: fixed "<window_end_us>:<count>", sliding "<window_end_us>:<count>:<prev>",
 -- token bucket "<tat_us>". A value that does not parse (a leaked or foreign
 -- key, or a key of another type, which MGET reads as absent) counts as

@@ -1,0 +1,74 @@
+package service_test
+
+import (
+	"math"
+	"testing"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+// TestHugeHitsStayExact is the bypass once found: an exhausted counter
+// named by every descriptor of a request with hits_addend 2^32-1 (request
+// level or each descriptor's own) summed past what the script's packed
+// argument holds exactly, the script failed, and the failure policy let
+// the request through. Every number a valid request can carry must decide
+// exactly: over the limit, no store error, no fail-open; and a refund far
+// above the count empties it.
+func TestHugeHitsStayExact(t *testing.T) {
+	forEachStore(t, func(t *testing.T, st service.Store) {
+		s := service.New(rules(t), st, nil, service.Options{})
+		for range 3 {
+			call(t, s, request(desc("user", "x")))
+		}
+		many := func() *rlcommon.RateLimitDescriptor { return desc("user", "x") }
+		byRequest := request(many(), many(), many(), many(), many(), many(), many(), many(), many())
+		byRequest.HitsAddend = math.MaxUint32
+		byDescriptor := request(many(), many(), many(), many(), many(), many(), many(), many(), many())
+		for _, d := range byDescriptor.Descriptors {
+			d.HitsAddend = wrapperspb.UInt64(math.MaxUint32)
+		}
+		// A fresh counter too: huge hits are over a limit with room left.
+		fresh := request(many(), many(), desc("ip", "fresh"))
+		fresh.HitsAddend = math.MaxUint32
+		for name, req := range map[string]struct {
+			give []*rlcommon.RateLimitDescriptor
+			hits uint32
+		}{
+			"request hits_addend":    {byRequest.Descriptors, byRequest.HitsAddend},
+			"descriptor hits_addend": {byDescriptor.Descriptors, 0},
+			"fresh counter":          {fresh.Descriptors, fresh.HitsAddend},
+		} {
+			r := request(req.give...)
+			r.HitsAddend = req.hits
+			resp := call(t, s, r)
+			if got := resp.GetOverallCode().String(); got != "OVER_LIMIT" {
+				t.Errorf("%s: overall %s, want OVER_LIMIT", name, got)
+			}
+		}
+		if n := s.Stats().FailOpen.Load() + s.Stats().StoreErrors.Load(); n != 0 {
+			t.Errorf("fail-open + store errors = %d, want 0", n)
+		}
+		// The fresh ip counter consumed nothing.
+		if r := call(t, s, request(desc("ip", "fresh"))); r.GetStatuses()[0].GetLimitRemaining() != 99 {
+			t.Errorf("ip after rejected huge request: %v", r)
+		}
+
+		// A refund of 4 x 2^31 on one counter (summed by the service past
+		// 2^32) empties it rather than being lost.
+		ref := request(many(), many(), many(), many())
+		for _, d := range ref.Descriptors {
+			d.IsNegativeHits = true
+			d.HitsAddend = wrapperspb.UInt64(1 << 31)
+		}
+		call(t, s, ref)
+		if r := call(t, s, request(desc("user", "x"))); codes(r) != "OK OK" || r.GetStatuses()[0].GetLimitRemaining() != 2 {
+			t.Errorf("after a refund of 2^33: %v, want OK with 2 remaining", r)
+		}
+		if n := s.Stats().FailOpen.Load() + s.Stats().StoreErrors.Load(); n != 0 {
+			t.Errorf("fail-open + store errors after refund = %d, want 0", n)
+		}
+	})
+}
