@@ -1,10 +1,12 @@
 package config
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -12,17 +14,20 @@ import (
 	"time"
 )
 
-// MaxFileSize bounds one rules file; a larger file is refused rather than
-// read into memory.
-const MaxFileSize = 16 << 20
-
 // Load reads, validates and compiles the rules at paths. Each path is a
 // file or a directory, of which every *.yaml and *.yml file is read
 // (not recursively; names starting with '.' are skipped, as editors and
 // Kubernetes ConfigMap mounts leave such entries). Files load in sorted
 // order. Every problem of every file is returned, joined; a snapshot is
-// returned only when there are none.
+// returned only when there are none. Each file is parsed within the
+// bounds of [MaxFileSize], [MaxYAMLNodes], [MaxWalkNodes] and the rest.
 func Load(paths ...string) (*Snapshot, error) {
+	return LoadContext(context.Background(), paths...)
+}
+
+// LoadContext is [Load], stopped early (with an error) once ctx is done:
+// a reload that a newer change makes moot need not finish.
+func LoadContext(ctx context.Context, paths ...string) (*Snapshot, error) {
 	files, err := listFiles(paths)
 	if err != nil {
 		return nil, err
@@ -31,6 +36,9 @@ func Load(paths ...string) (*Snapshot, error) {
 	h := sha256.New()
 	var errs []error
 	for _, f := range files {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("config: load stopped before %s: %w", f, err)
+		}
 		data, err := readFile(f)
 		if err != nil {
 			errs = append(errs, err)
@@ -38,7 +46,7 @@ func Load(paths ...string) (*Snapshot, error) {
 		}
 		fmt.Fprintf(h, "%s\x00%d\x00", f, len(data))
 		h.Write(data)
-		d, err := parseFile(f, data)
+		d, err := parseFile(ctx, f, data)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -59,7 +67,7 @@ func Load(paths ...string) (*Snapshot, error) {
 // Parse compiles one rules document held in memory; name stands for the
 // file in errors. It is what [Load] does for each file.
 func Parse(name string, data []byte) (*Snapshot, error) {
-	d, err := parseFile(name, data)
+	d, err := parseFile(context.Background(), name, data)
 	if err != nil {
 		return nil, err
 	}
@@ -69,21 +77,26 @@ func Parse(name string, data []byte) (*Snapshot, error) {
 }
 
 func readFile(f string) ([]byte, error) {
+	// Stat before opening: opening a FIFO blocks until a writer comes.
+	st, err := os.Stat(f)
+	if err != nil {
+		return nil, &Error{File: f, Msg: err.Error()}
+	}
+	if !st.Mode().IsRegular() {
+		return nil, &Error{File: f, Msg: fmt.Sprintf("not a regular file (%s)", st.Mode().Type())}
+	}
 	fh, err := os.Open(f)
 	if err != nil {
 		return nil, &Error{File: f, Msg: err.Error()}
 	}
 	defer fh.Close()
-	st, err := fh.Stat()
+	// Read at most one byte past the bound: the file may have grown.
+	data, err := io.ReadAll(io.LimitReader(fh, MaxFileSize+1))
 	if err != nil {
 		return nil, &Error{File: f, Msg: err.Error()}
 	}
-	if st.Size() > MaxFileSize {
-		return nil, &Error{File: f, Msg: fmt.Sprintf("file is %d bytes, more than the %d allowed", st.Size(), MaxFileSize)}
-	}
-	data := make([]byte, st.Size())
-	if _, err := fh.ReadAt(data, 0); err != nil && st.Size() > 0 {
-		return nil, &Error{File: f, Msg: err.Error()}
+	if len(data) > MaxFileSize {
+		return nil, &Error{File: f, Msg: fmt.Sprintf("file is more than the %d bytes allowed", MaxFileSize)}
 	}
 	return data, nil
 }
@@ -93,6 +106,7 @@ func listFiles(paths []string) ([]string, error) {
 		return nil, errors.New("config: no rules path given")
 	}
 	var files []string
+	var errs []error
 	for _, p := range paths {
 		st, err := os.Stat(p)
 		if err != nil {
@@ -116,16 +130,30 @@ func listFiles(paths []string) ([]string, error) {
 				continue
 			}
 			full := filepath.Join(p, name)
-			if st, err := os.Stat(full); err != nil || st.IsDir() {
-				continue // a dangling symlink or a directory named *.yaml
+			st, err := os.Stat(full)
+			if err != nil {
+				// A dangling symlink or a loop: skipping it would drop its
+				// rules without a word.
+				errs = append(errs, &Error{File: full, Msg: "unreadable rules file: " + err.Error()})
+				continue
+			}
+			if st.IsDir() {
+				continue // a directory named *.yaml
+			}
+			if !st.Mode().IsRegular() {
+				errs = append(errs, &Error{File: full, Msg: fmt.Sprintf("not a regular file (%s)", st.Mode().Type())})
+				continue
 			}
 			found = append(found, full)
 		}
-		if len(found) == 0 {
+		if len(found) == 0 && len(errs) == 0 {
 			return nil, fmt.Errorf("config: %s: no *.yaml or *.yml rules files in directory", p)
 		}
 		sort.Strings(found)
 		files = append(files, found...)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	return files, nil
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -38,15 +39,18 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
-// maxRules bounds the descriptors of one file, so that YAML aliases cannot
-// expand a small file into an enormous tree.
-const maxRules = 100000
-
-// parser collects every problem of one file.
+// parser collects every problem of one file (the first maxErrors of them)
+// within the bounds of limits.go.
 type parser struct {
-	file  string
-	errs  []error
-	rules int
+	ctx       context.Context
+	file      string
+	errs      []error
+	dropped   int // problems beyond maxErrors
+	rules     int
+	walked    int // nodes walked, aliases expanded
+	checked   int // walked when ctx was last checked
+	pathBytes int
+	stopped   bool
 }
 
 // deref resolves a YAML alias to the node it names.
@@ -58,16 +62,36 @@ func deref(n *yaml.Node) *yaml.Node {
 }
 
 func (p *parser) errorf(n *yaml.Node, path, format string, args ...any) {
+	if len(p.errs) >= maxErrors {
+		p.dropped++
+		return
+	}
 	line := 0
 	if n != nil {
 		line = n.Line
 	}
-	p.errs = append(p.errs, &Error{File: p.file, Line: line, Path: path, Msg: fmt.Sprintf(format, args...)})
+	p.errs = append(p.errs, &Error{File: p.file, Line: line, Path: truncate(path, maxErrorText),
+		Msg: truncate(fmt.Sprintf(format, args...), maxErrorText)})
 }
 
-// parseFile parses one rules file into an uncompiled domain.
-func parseFile(file string, data []byte) (*Domain, error) {
-	p := &parser{file: file}
+// err returns every problem recorded, or nil.
+func (p *parser) err() error {
+	if len(p.errs) == 0 {
+		return nil
+	}
+	if p.dropped > 0 {
+		p.errs = append(p.errs, &Error{File: p.file, Msg: fmt.Sprintf("%d more problems not shown", p.dropped)})
+	}
+	return errors.Join(p.errs...)
+}
+
+// parseFile parses one rules file into an uncompiled domain, within the
+// bounds of limits.go; it stops early when ctx is done.
+func parseFile(ctx context.Context, file string, data []byte) (*Domain, error) {
+	p := &parser{ctx: ctx, file: file}
+	if n := estimateNodes(data); n > MaxYAMLNodes {
+		return nil, &Error{File: file, Msg: fmt.Sprintf("too large: up to %d YAML nodes, more than the %d allowed", n, MaxYAMLNodes)}
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -87,8 +111,8 @@ func parseFile(file string, data []byte) (*Domain, error) {
 		root = root.Content[0]
 	}
 	d := p.domain(root)
-	if len(p.errs) > 0 {
-		return nil, errors.Join(p.errs...)
+	if err := p.err(); err != nil {
+		return nil, err
 	}
 	return d, nil
 }
@@ -103,15 +127,18 @@ func (p *parser) fields(n *yaml.Node, path string, known ...string) map[string]*
 		p.errorf(n, path, "want a mapping, got %s", kindName(n))
 		return nil
 	}
-	out := make(map[string]*yaml.Node, len(n.Content)/2)
+	if !p.charge(1 + len(n.Content)) {
+		return nil
+	}
+	out := make(map[string]*yaml.Node, min(len(n.Content)/2, len(known)))
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], deref(n.Content[i+1])
 		if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
-			p.errorf(k, path, "key %q is not a string", k.Value)
+			p.errorf(k, path, "key %q is not a string", truncate(k.Value, 64))
 			continue
 		}
 		if _, dup := out[k.Value]; dup {
-			p.errorf(k, path, "duplicate field %q", k.Value)
+			p.errorf(k, path, "duplicate field %q", truncate(k.Value, 64))
 			continue
 		}
 		ok := false
@@ -122,7 +149,7 @@ func (p *parser) fields(n *yaml.Node, path string, known ...string) map[string]*
 			}
 		}
 		if !ok {
-			p.errorf(k, path, "unknown field %q (known: %s)", k.Value, strings.Join(known, ", "))
+			p.errorf(k, path, "unknown field %q (known: %s)", truncate(k.Value, 64), strings.Join(known, ", "))
 			continue
 		}
 		out[k.Value] = v
@@ -155,12 +182,22 @@ func (p *parser) descriptors(n *yaml.Node, path string, d *Domain, parent *Rule)
 		return nil
 	}
 	lv := &level{byKey: map[string]*keyRules{}}
+	if parent != nil && parent.depth >= MaxDepth {
+		p.errorf(n, path, "descriptors nested more than %d levels deep", MaxDepth)
+		return lv
+	}
+	if !p.charge(1 + len(n.Content)) {
+		return lv
+	}
 	for i, c := range n.Content {
+		if p.stopped {
+			return lv
+		}
 		c = deref(c)
 		cp := fmt.Sprintf("%s[%d]", path, i)
 		p.rules++
-		if p.rules > maxRules {
-			p.errorf(c, cp, "more than %d descriptors in one file", maxRules)
+		if p.rules > MaxRules {
+			p.stop(fmt.Sprintf("more than %d descriptors in one file (aliases expanded)", MaxRules))
 			return lv
 		}
 		r := p.rule(c, cp, d, parent)
@@ -215,6 +252,12 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 	if v, ok := f["value"]; ok {
 		r.Value, _ = p.str(v, path+".value")
 	}
+	for _, kv := range [...]struct{ name, s string }{{"key", r.Key}, {"value", r.Value}} {
+		if len(kv.s) > MaxValueBytes {
+			p.errorf(f[kv.name], path+"."+kv.name, "%d bytes, more than the %d allowed", len(kv.s), MaxValueBytes)
+			return nil
+		}
+	}
 	if strings.Contains(r.Value, "*") {
 		r.wildcard = strings.Split(r.Value, "*")
 	}
@@ -226,6 +269,10 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 		r.Path = parent.Path + "." + seg
 	} else {
 		r.Path = d.Name + "." + seg
+	}
+	if p.pathBytes += len(r.Path); p.pathBytes > MaxPathBytes {
+		p.stop(fmt.Sprintf("descriptor paths add up to more than %d bytes (long keys nested deep, or aliases)", MaxPathBytes))
+		return nil
 	}
 	r.ShadowMode = p.boolean(f["shadow_mode"], path+".shadow_mode")
 	r.QuotaMode = p.boolean(f["quota_mode"], path+".quota_mode")
@@ -245,13 +292,7 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 		}
 	}
 	if v, ok := f["metadata"]; ok {
-		var m map[string]any
-		if v.Kind != yaml.MappingNode {
-			p.errorf(v, path+".metadata", "want a mapping, got %s", kindName(v))
-		} else if err := v.Decode(&m); err != nil {
-			p.errorf(v, path+".metadata", "%v", err)
-		}
-		r.Metadata = m
+		r.Metadata = p.metadata(v, path+".metadata")
 	}
 	if v, ok := f["rate_limit"]; ok {
 		r.Limit = p.rateLimit(v, path+".rate_limit")
@@ -270,6 +311,9 @@ func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
 	l.Unlimited = p.boolean(f["unlimited"], path+".unlimited")
 	if v, ok := f["name"]; ok {
 		l.Name, _ = p.str(v, path+".name")
+		if len(l.Name) > MaxValueBytes {
+			p.errorf(v, path+".name", "%d bytes, more than the %d allowed", len(l.Name), MaxValueBytes)
+		}
 	}
 	unit, hasUnit := f["unit"]
 	switch {
@@ -297,8 +341,11 @@ func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
 	if v, ok := f["replaces"]; ok {
 		if v.Kind != yaml.SequenceNode {
 			p.errorf(v, path+".replaces", "want a list of {name: ...}, got %s", kindName(v))
-		} else {
+		} else if p.charge(1 + len(v.Content)) {
 			for i, c := range v.Content {
+				if p.stopped {
+					break
+				}
 				c = deref(c)
 				cp := fmt.Sprintf("%s.replaces[%d]", path, i)
 				rf := p.fields(c, cp, "name")
@@ -336,7 +383,7 @@ func (p *parser) str(n *yaml.Node, path string) (string, bool) {
 	case "!!null":
 		return "", true
 	}
-	p.errorf(n, path, "want a string, got %s %q (quote it)", kindName(n), n.Value)
+	p.errorf(n, path, "want a string, got %s %q (quote it)", kindName(n), truncate(n.Value, 64))
 	return "", false
 }
 
@@ -345,7 +392,7 @@ func (p *parser) boolean(n *yaml.Node, path string) bool {
 		return false
 	}
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {
-		p.errorf(n, path, "want true or false, got %s %q", kindName(n), n.Value)
+		p.errorf(n, path, "want true or false, got %s %q", kindName(n), truncate(n.Value, 64))
 		return false
 	}
 	b, _ := strconv.ParseBool(strings.ToLower(n.Value))
@@ -354,12 +401,12 @@ func (p *parser) boolean(n *yaml.Node, path string) bool {
 
 func (p *parser) uint32(n *yaml.Node, path string) uint32 {
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
-		p.errorf(n, path, "want a whole number, got %s %q", kindName(n), n.Value)
+		p.errorf(n, path, "want a whole number, got %s %q", kindName(n), truncate(n.Value, 64))
 		return 0
 	}
 	v, err := strconv.ParseInt(n.Value, 0, 64)
 	if err != nil || v < 0 || v > math.MaxUint32 {
-		p.errorf(n, path, "%s is out of range (0 to %d)", n.Value, uint32(math.MaxUint32))
+		p.errorf(n, path, "%s is out of range (0 to %d)", truncate(n.Value, 64), uint32(math.MaxUint32))
 		return 0
 	}
 	return uint32(v)

@@ -47,6 +47,33 @@ func Watch(ctx context.Context, paths []string, debounce time.Duration, lastHash
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+
+	// A load runs off this loop, so that events keep coming in while a
+	// slow file is parsed: a newer change cancels the load in progress,
+	// whose result is then dropped, and is loaded once that one has
+	// unwound.
+	type result struct {
+		snap *Snapshot
+		err  error
+	}
+	results := make(chan result, 1) // one load at a time: its send never blocks
+	var loading, stale, due bool
+	cancel := context.CancelFunc(func() {})
+	defer func() {
+		cancel()
+		if loading {
+			<-results
+		}
+	}()
+	startLoad := func() {
+		var lctx context.Context
+		lctx, cancel = context.WithCancel(ctx)
+		loading, stale, due = true, false, false
+		go func() {
+			snap, err := LoadContext(lctx, paths...)
+			results <- result{snap, err}
+		}()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -55,6 +82,10 @@ func Watch(ctx context.Context, paths []string, debounce time.Duration, lastHash
 			if !ok {
 				return nil
 			}
+			if loading {
+				cancel()
+				stale = true
+			}
 			timer.Reset(debounce)
 		case err, ok := <-w.Errors:
 			if !ok {
@@ -62,13 +93,24 @@ func Watch(ctx context.Context, paths []string, debounce time.Duration, lastHash
 			}
 			onLoad(nil, fmt.Errorf("config: watch: %w", err))
 		case <-timer.C:
-			snap, err := Load(paths...)
+			if loading {
+				due = true
+				continue
+			}
+			startLoad()
+		case r := <-results:
+			loading = false
+			cancel()
 			switch {
-			case err != nil:
-				onLoad(nil, err)
-			case snap.Hash != lastHash:
-				lastHash = snap.Hash
-				onLoad(snap, nil)
+			case stale:
+			case r.err != nil:
+				onLoad(nil, r.err)
+			case r.snap.Hash != lastHash:
+				lastHash = r.snap.Hash
+				onLoad(r.snap, nil)
+			}
+			if due {
+				startLoad()
 			}
 		}
 	}

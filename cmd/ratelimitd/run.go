@@ -42,7 +42,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	if len(args) > 0 {
 		switch args[0] {
 		case "check-config":
-			return checkConfig(args[1:], logOut)
+			return checkConfig(ctx, args[1:], logOut)
 		case "healthcheck":
 			return healthcheck(ctx, args[1:], logOut)
 		}

@@ -22,8 +22,8 @@ import (
 
 // checkConfig validates rules the way the server loads them: every
 // problem of every file is printed, one a line, and the exit status is
-// non-zero when there is any.
-func checkConfig(args []string, out io.Writer) error {
+// non-zero when there is any. It stops when ctx is done (SIGINT, SIGTERM).
+func checkConfig(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("ratelimitd check-config", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.Usage = func() {
@@ -38,7 +38,10 @@ func checkConfig(args []string, out io.Writer) error {
 	}
 	failed := 0
 	for _, p := range fs.Args() {
-		snap, err := config.Load(p)
+		snap, err := config.LoadContext(ctx, p)
+		if ctx.Err() != nil {
+			return fmt.Errorf("check-config: interrupted while checking %s", p)
+		}
 		if err != nil {
 			failed++
 			for _, line := range strings.Split(err.Error(), "\n") {

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimitd/internal/rulestest"
+)
+
+// procKB reads a "VmRSS"-style field of /proc/self/status in KB.
+func procKB(t *testing.T, field string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip("no /proc/self/status:", err)
+	}
+	m := regexp.MustCompile(`(?m)^` + field + `:\s+(\d+) kB`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("no %s in /proc/self/status", field)
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
+}
+
+func scrape(t *testing.T, httpAddr, metric string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, metric+" ") {
+			return strings.TrimPrefix(line, metric+" ")
+		}
+	}
+	return ""
+}
+
+// TestHotReloadBombs offers every bomb to a running server by hot reload:
+// each is refused (counted as a failed reload) while the rules in force
+// keep answering, the process's peak RSS grows by less than the stated
+// bound, and a good file written right after a bomb is in force within
+// 2 s.
+func TestHotReloadBombs(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rules, []byte(testRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in := start(t, env(nil), "--config", dir)
+	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
+	ask := func(key string) rlsv3.RateLimitResponse_Code {
+		t.Helper()
+		d := desc(key, "v")
+		d.HitsAddend = wrapperspb.UInt64(0) // a peek: as many asks as needed
+		resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "e2e",
+			Descriptors: []*rlcommon.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetStatuses()) != 1 {
+			t.Fatalf("%v", resp)
+		}
+		if resp.GetStatuses()[0].GetCurrentLimit() == nil {
+			return -1 // not limited
+		}
+		return resp.GetOverallCode()
+	}
+	if ask("user") != rlsv3.RateLimitResponse_OK {
+		t.Fatal("rules not in force")
+	}
+	bombs := rulestest.Bombs()
+	// Reset the peak RSS (Linux: 5 > clear_refs) once the bombs are built.
+	resetPeak := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
+	startRSS := procKB(t, "VmRSS")
+	failures := 0
+	for name, body := range bombs {
+		if err := os.WriteFile(filepath.Join(dir, "bomb.yaml"), body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		failures++
+		deadline := time.Now().Add(10 * time.Second)
+		for scrape(t, in.httpAddr, `ratelimitd_config_reloads_total{result="failure"}`) != strconv.Itoa(failures) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no failed reload counted within 10s\n%.2000s", name, in.log.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if ask("user") != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("%s: the rules in force stopped answering", name)
+		}
+	}
+	// A bomb, then a fix right behind it: the fix is in force within 2 s.
+	if err := os.WriteFile(filepath.Join(dir, "bomb.yaml"), bombs["walk_alias"], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(250 * time.Millisecond) // past the debounce: the bomb is being parsed
+	fixed := time.Now()
+	good := "domain: second\ndescriptors:\n  - key: fresh\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+	if err := os.WriteFile(filepath.Join(dir, "bomb.yaml"), []byte(good), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "second",
+			Descriptors: []*rlcommon.RateLimitDescriptor{desc("fresh", "v")}})
+		if err == nil && resp.GetStatuses()[0].GetCurrentLimit() != nil {
+			break
+		}
+		if time.Since(fixed) > 2*time.Second {
+			t.Fatalf("the fixed file is not in force 2s after it was written\n%.3000s", in.log.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("fix in force after %v", time.Since(fixed).Round(time.Millisecond))
+	if ask("user") != rlsv3.RateLimitResponse_OK {
+		t.Fatal("the first file's rules are gone")
+	}
+	if resetPeak {
+		peak := procKB(t, "VmHWM")
+		t.Logf("RSS: %d MB before the bombs, peak %d MB", startRSS>>10, peak>>10)
+		// The bound the README states: refusing a file costs the server
+		// under 300 MB at peak (config.MaxYAMLNodes and the walk budget).
+		if grew := peak - startRSS; grew > 300<<10 {
+			t.Errorf("peak RSS grew by %d MB while refusing the bombs", grew>>10)
+		}
+	}
+	if n := len(in.log.String()); n > 1<<20 {
+		t.Errorf("%d bytes of log for %d refused files", n, len(bombs))
+	}
+}
+
+// TestMain lets a test run this binary as ratelimitd itself (see
+// runMain), to observe what only a process shows: its peak RSS, signals.
+func TestMain(m *testing.M) {
+	if os.Getenv("RATELIMITD_TEST_AS_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// mainCommand is ratelimitd with args, run as its own process.
+func mainCommand(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(os.Environ(), "RATELIMITD_TEST_AS_MAIN=1")
+	return cmd
+}
+
+// TestCheckConfigBombs: check-config refuses every bomb within 2 s and
+// 200 MB of peak RSS, printing a bounded report.
+func TestCheckConfigBombs(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range rulestest.Bombs() {
+		p := filepath.Join(dir, name+".yaml")
+		if err := os.WriteFile(p, body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := mainCommand(t, "check-config", p)
+		start := time.Now()
+		out, err := cmd.CombinedOutput()
+		took := time.Since(start)
+		if err == nil || !strings.Contains(string(out), "check-config: 1 of 1 path(s) invalid") {
+			t.Errorf("%s: %v\n%.500s", name, err, out)
+		}
+		maxRSS := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss // KB on Linux
+		t.Logf("%s: %v, peak RSS %d MB, %d bytes printed", name, took.Round(time.Millisecond), maxRSS>>10, len(out))
+		if took > 2*time.Second || maxRSS > 200<<10 || len(out) > 64<<10 {
+			t.Errorf("%s: took %v, peak RSS %d MB, %d bytes printed", name, took, maxRSS>>10, len(out))
+		}
+	}
+}
+
+// TestCheckConfigStopsOnSignal: SIGTERM (and SIGINT) stop a check-config
+// in the middle of a long run of files.
+func TestCheckConfigStopsOnSignal(t *testing.T) {
+	dir := t.TempDir()
+	body := rulestest.Bombs()["walk_alias"] // about a quarter second each
+	for i := range 40 {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("r%02d.yaml", i)), body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		var out bytes.Buffer
+		cmd := mainCommand(t, "check-config", dir)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		sent := time.Now()
+		if err := cmd.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(out.String(), "check-config: interrupted") {
+				t.Errorf("%v: exit %v\n%.500s", sig, err, out.String())
+			}
+			t.Logf("%v: stopped %v after the signal", sig, time.Since(sent).Round(time.Millisecond))
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Fatalf("%v: check-config still running 5s after the signal", sig)
+		}
+	}
+}

@@ -1,0 +1,136 @@
+package config
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/ratelimitd/ratelimitd/internal/rulestest"
+)
+
+// TestBombsBounded: each bomb is refused within 2 s, allocating under
+// 200 MB in all, with an error of bounded length that says why.
+func TestBombsBounded(t *testing.T) {
+	tests := []struct {
+		name    string
+		wantErr string
+	}{
+		{"metadata_40k", "metadata: more than 10000 YAML nodes"},
+		{"metadata_160k", "metadata: more than 10000 YAML nodes"},
+		{"metadata_alias", "metadata: more than 10000 YAML nodes"},
+		{"descriptor_alias", "more problems not shown"},
+		{"path_long_key", "descriptors[0].key: 100000 bytes, more than the 4096 allowed"},
+		{"path_deep", "more problems not shown"},
+		{"walk_alias", "excessive aliasing"},
+		{"flow_nodes", "too large: up to"},
+	}
+	bombs := rulestest.Bombs()
+	dir := t.TempDir()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(dir, tt.name+".yaml")
+			if err := os.WriteFile(p, bombs[tt.name], 0o600); err != nil {
+				t.Fatal(err)
+			}
+			runtime.GC()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			start := time.Now()
+			_, err := Load(p)
+			took := time.Since(start)
+			runtime.ReadMemStats(&after)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Load = %.300v, want an error containing %q", err, tt.wantErr)
+			}
+			if n := len(err.Error()); n > 64<<10 {
+				t.Errorf("error is %d bytes", n)
+			}
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 200<<20 {
+				t.Errorf("allocated %d MB", alloc>>20)
+			}
+			if took > 2*time.Second {
+				t.Errorf("took %v", took)
+			}
+			t.Logf("%d bytes: %v, %d MB allocated, %d-byte error", len(bombs[tt.name]), took.Round(time.Millisecond), (after.TotalAlloc-before.TotalAlloc)>>20, len(err.Error()))
+		})
+	}
+}
+
+// TestEstimateNodesBounds: the estimate never falls below the nodes the
+// YAML library builds, whatever the style.
+func TestEstimateNodesBounds(t *testing.T) {
+	for _, doc := range []string{
+		"a", "a: b", "a:", "? a", "? a\n: b", "[a, b, c]", "{a, b: c, d}", "[]", "{}", "- - - a", "- [a, {b: [c]}]",
+		"a: &x [1, 2]\nb: *x", "a: |\n  text\n  more\n", "- !!str 1\n- !!int 2", "{a: [b, {c: d}], e: f}",
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+	} {
+		var n yaml.Node
+		if err := yaml.Unmarshal([]byte(doc), &n); err != nil {
+			t.Fatalf("%q: %v", doc, err)
+		}
+		if got, est := countNodes(&n), estimateNodes([]byte(doc)); est < got {
+			t.Errorf("%q: estimate %d below the %d nodes built", doc, est, got)
+		}
+	}
+}
+
+func countNodes(n *yaml.Node) int {
+	c := 0
+	if n.Kind != yaml.DocumentNode {
+		c++
+	}
+	for _, k := range n.Content {
+		c += countNodes(k)
+	}
+	return c
+}
+
+// TestLoadCanceled: a load stops once its context is done, between files
+// and within one.
+func TestLoadCanceled(t *testing.T) {
+	body := rulestest.Bombs()["walk_alias"]
+	p := filepath.Join(t.TempDir(), "walk.yaml")
+	if err := os.WriteFile(p, body, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := LoadContext(ctx, p); err == nil || !strings.Contains(err.Error(), "load stopped before") {
+		t.Errorf("LoadContext(canceled) = %v", err)
+	}
+	if _, err := parseFile(ctx, p, body); err == nil || !strings.Contains(err.Error(), "parse stopped: context canceled") {
+		t.Errorf("parseFile(canceled) = %.300v", err)
+	}
+}
+
+// TestUnreadableRulesFile: a *.yaml in a rules directory that cannot be
+// read (a dangling link, a loop) is an error naming it, not skipped, and
+// one that is not a regular file is refused without being opened.
+func TestUnreadableRulesFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "good.yaml"), []byte("domain: d\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, target := range map[string]string{"dangling.yaml": "nowhere.yaml", "loop.yaml": "loop.yaml"} {
+		if err := os.Symlink(filepath.Join(dir, target), filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A FIFO would block the load until a writer came.
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo.yaml"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(dir)
+	for _, want := range []string{"dangling.yaml: unreadable rules file", "loop.yaml: unreadable rules file", "fifo.yaml: not a regular file"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Load = %v, want %q", err, want)
+		}
+	}
+}
