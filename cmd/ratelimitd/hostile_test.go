@@ -230,3 +230,85 @@ func TestCheckConfigStopsOnSignal(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretsNeverPrinted: a password in the Redis URL appears nowhere a
+// user or an attacker can read: not in startup errors for URLs that do
+// not parse (flag or variable), not in the log at debug level, not in any
+// endpoint (pprof's command line included) while the service runs with
+// an unreachable Redis and answers by failure policy.
+func TestSecretsNeverPrinted(t *testing.T) {
+	rules := writeRules(t, testRules)
+	for _, u := range []string{"redis://user:SECRETPW@host:notaport", "redis://:SECRETPW@[::1:6379",
+		"redis://u:SECRETPW@h:6379/x", "redis://u:SECRETPW@h1:x?master_name=m&addr=h2:1"} {
+		for _, viaEnv := range []bool{false, true} {
+			args, vars := []string{"--config", rules, "--redis-url", u}, map[string]string{}
+			if viaEnv {
+				args, vars = []string{"--config", rules}, map[string]string{"RATELIMITD_REDIS_URL": u}
+			}
+			var log syncBuffer
+			// Bounded, should the URL parse after all and the service start.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := run(ctx, append(args, "--log-level", "debug", "--grpc-addr", freeAddr(t), "--http-addr", freeAddr(t)), env(vars), &log)
+			cancel()
+			if err == nil || !strings.Contains(err.Error(), "--redis-url") {
+				t.Errorf("%s (env %v): err = %v, want a --redis-url error", u, viaEnv, err)
+			}
+			if strings.Contains(fmt.Sprint(err), "SECRET") || strings.Contains(log.String(), "SECRET") {
+				t.Errorf("%s (env %v): secret printed: %v\n%s", u, viaEnv, err, log.String())
+			}
+		}
+	}
+	// A URL that parses, to a Redis that is not there, on the command
+	// line of a real process: every endpoint, and the log once stopped.
+	grpcAddr, httpAddr, debugAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	cmd := mainCommand(t, "--config", rules, "--redis-url", "redis://user:SECRETPW@127.0.0.1:1/0", "--log-level", "debug",
+		"--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--debug-addr", debugAddr)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	get := func(url string) string {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			resp, err := http.Get(url)
+			if err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				return string(b)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("GET %s: %v\n%s", url, err, out.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	get("http://" + httpAddr + "/healthcheck")
+	client := rlsv3.NewRateLimitServiceClient(dial(t, grpcAddr))
+	for range 3 {
+		if _, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "e2e",
+			Descriptors: []*rlcommon.RateLimitDescriptor{desc("user", "u")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bodies := map[string]string{}
+	for _, u := range []string{"http://" + httpAddr + "/metrics", "http://" + httpAddr + "/rlconfig", "http://" + httpAddr + "/healthcheck",
+		"http://" + debugAddr + "/debug/pprof/cmdline", "http://" + debugAddr + "/debug/pprof/"} {
+		bodies[u] = get(u)
+	}
+	if c := bodies["http://"+debugAddr+"/debug/pprof/cmdline"]; !strings.Contains(c, "redis://user:xxxxx@127.0.0.1:1/0") {
+		t.Errorf("pprof cmdline = %q, want the URL with its password redacted", c)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	bodies["log"] = out.String()
+	if !strings.Contains(out.String(), "the Redis password is on the command line") {
+		t.Errorf("no warning about the password on the command line:\n%s", out.String())
+	}
+	for where, body := range bodies {
+		if strings.Contains(body, "SECRET") {
+			t.Errorf("%s holds the secret:\n%.3000s", where, body)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -162,8 +163,22 @@ func newStore(ctx context.Context, s *settings, m *metrics.Metrics, log *slog.Lo
 		return memstore.New(memstore.Options{}), func() {}, nil
 	}
 	redis.SetLogger(redisLogger{log})
+	var password string
+	if s.redisPassFile != "" {
+		b, err := os.ReadFile(s.redisPassFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--redis-password-file: %w", err)
+		}
+		password = strings.TrimRight(string(b), "\r\n")
+		if password == "" {
+			return nil, nil, fmt.Errorf("--redis-password-file %s is empty", s.redisPassFile)
+		}
+	}
+	if s.redisURLInArgs && redisstore.Redact(s.redisURL) != s.redisURL {
+		log.Warn("the Redis password is on the command line, where ps and /proc show it; give it with --redis-password-file or RATELIMITD_REDIS_URL instead")
+	}
 	rs, err := redisstore.New(redisstore.Options{
-		URL: s.redisURL, Mode: s.redisMode, Timeout: s.redisTimeout,
+		URL: s.redisURL, Password: password, Mode: s.redisMode, Timeout: s.redisTimeout,
 		TLSCA: s.redisTLSCA, TLSCert: s.redisTLSCert, TLSKey: s.redisTLSKey,
 		Metrics: m, Logger: log, Dispatchers: s.dispatchers,
 	})
@@ -204,6 +219,18 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	}
 }
 
+// cmdline is pprof's /debug/pprof/cmdline without the secrets of a Redis
+// URL given on the command line.
+func cmdline(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	args := make([]string, len(os.Args))
+	for i, a := range os.Args {
+		args[i] = redisstore.Redact(a)
+	}
+	fmt.Fprint(w, strings.Join(args, "\x00"))
+}
+
 // startDebug serves pprof on addr until the returned server is closed.
 func startDebug(addr string, log *slog.Logger) (*http.Server, error) {
 	lis, err := net.Listen("tcp", addr)
@@ -212,7 +239,7 @@ func startDebug(addr string, log *slog.Logger) (*http.Server, error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/cmdline", cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)

@@ -23,6 +23,8 @@ const envPrefix = "RATELIMITD_"
 type settings struct {
 	config          string
 	redisURL        string
+	redisPassFile   string
+	redisURLInArgs  bool // --redis-url came on the command line, visible to ps
 	grpcAddr        string
 	httpAddr        string
 	localCacheSize  byteSize
@@ -54,6 +56,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.SetOutput(out)
 	fs.StringVar(&s.config, "config", "", "rules: a YAML file, or a directory of *.yaml/*.yml files (required)")
 	fs.StringVar(&s.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://); empty: the embedded in-memory store, limits per process")
+	fs.StringVar(&s.redisPassFile, "redis-password-file", "", "file holding Redis's password (instead of one in --redis-url, which ps shows); a trailing newline is ignored")
 	fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081", "gRPC listen address")
 	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address (/json, /healthcheck, /rlconfig)")
 	fs.Var(&s.localCacheSize, "local-cache-size", "bytes of local over-limit cache (e.g. 0, 1048576, 64MiB); 0 turns it off")
@@ -106,7 +109,12 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q (flags only; see -h)", fs.Arg(0))
+		return nil, fmt.Errorf("unexpected argument %q (flags only; see -h)", redisstore.Redact(fs.Arg(0)))
+	}
+	for _, a := range args {
+		if name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "="); name == "redis-url" && strings.HasPrefix(a, "-") {
+			s.redisURLInArgs = true
+		}
 	}
 	switch {
 	case s.config == "":
@@ -121,8 +129,8 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, errors.New("--grpc-client-ca needs --grpc-tls-cert and --grpc-tls-key")
 	case s.grpcMaxMessage < 1024:
 		return nil, fmt.Errorf("--grpc-max-message-size must be at least 1024, got %d", s.grpcMaxMessage)
-	case s.redisURL == "" && (s.redisMode != "" || s.redisTLSCA != "" || s.redisTLSCert != ""):
-		return nil, errors.New("--redis-mode and --redis-tls-* need --redis-url")
+	case s.redisURL == "" && (s.redisMode != "" || s.redisTLSCA != "" || s.redisTLSCert != "" || s.redisPassFile != ""):
+		return nil, errors.New("--redis-mode, --redis-password-file and --redis-tls-* need --redis-url")
 	case s.nearLimitRatio <= 0 || s.nearLimitRatio > 1:
 		return nil, fmt.Errorf("--near-limit-ratio must be in (0, 1], got %v", s.nearLimitRatio)
 	case s.drainDelay < 0:

@@ -45,11 +45,14 @@ func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *red
 	case ModeSingle:
 		o, err := redis.ParseURL(opts.URL)
 		if err != nil {
-			return nil, nil, "", fmt.Errorf("redisstore: parse --redis-url: %w", err)
+			return nil, nil, "", urlError("parse --redis-url", opts.URL, err)
 		}
 		o.MaxRetries, o.ContextTimeoutEnabled, o.DisableIdentity = -1, true, true
 		o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout
 		o.DialTimeout, o.DialerRetries, o.Protocol = dial, 1, resp
+		if opts.Password != "" {
+			o.Password = opts.Password
+		}
 		if o.TLSConfig, err = mergeTLS(o.TLSConfig, tlsConf); err != nil {
 			return nil, nil, "", err
 		}
@@ -57,11 +60,14 @@ func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *red
 	case ModeSentinel:
 		o, err := redis.ParseFailoverURL(opts.URL)
 		if err != nil {
-			return nil, nil, "", fmt.Errorf("redisstore: parse --redis-url for sentinel: %w", err)
+			return nil, nil, "", urlError("parse --redis-url for sentinel", opts.URL, err)
 		}
 		o.MaxRetries, o.ContextTimeoutEnabled, o.DisableIdentity = -1, true, true
 		o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout
 		o.DialTimeout, o.DialerRetries, o.Protocol = dial, 1, resp
+		if opts.Password != "" {
+			o.Password = opts.Password
+		}
 		if o.TLSConfig, err = mergeTLS(o.TLSConfig, tlsConf); err != nil {
 			return nil, nil, "", err
 		}
@@ -69,7 +75,7 @@ func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *red
 	case ModeCluster:
 		o, err := redis.ParseClusterURL(opts.URL)
 		if err != nil {
-			return nil, nil, "", fmt.Errorf("redisstore: parse --redis-url for cluster: %w", err)
+			return nil, nil, "", urlError("parse --redis-url for cluster", opts.URL, err)
 		}
 		// MOVED and ASK are followed (MaxRedirects); go-redis also retries
 		// connection errors within that budget, bounded by the context,
@@ -78,6 +84,9 @@ func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *red
 		o.ContextTimeoutEnabled, o.DisableIdentity = true, true
 		o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout
 		o.DialTimeout, o.DialerRetries, o.Protocol = dial, 1, resp
+		if opts.Password != "" {
+			o.Password = opts.Password
+		}
 		if o.TLSConfig, err = mergeTLS(o.TLSConfig, tlsConf); err != nil {
 			return nil, nil, "", err
 		}

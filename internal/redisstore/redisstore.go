@@ -42,6 +42,9 @@ type Options struct {
 	// unix:// for Mode single; redis://h1:26379?master_name=m&addr=h2:26379
 	// for sentinel; redis://h1:7000?addr=h2:7001 for cluster.
 	URL string
+	// Password, when set, is Redis's password (AUTH), instead of the
+	// URL's: it keeps the secret off the command line.
+	Password string
 	// Mode is single, sentinel or cluster. Empty means sentinel when the
 	// URL has master_name, else single.
 	Mode string
