@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +19,10 @@ import (
 // envPrefix starts the environment variable that mirrors each flag:
 // --redis-url is RATELIMITD_REDIS_URL.
 const envPrefix = "RATELIMITD_"
+
+// DefaultGRPCMaxStreams is --grpc-max-concurrent-streams's default: the
+// streams one connection may have open at once.
+const DefaultGRPCMaxStreams = 100
 
 // settings are the process settings; the rules live in --config.
 type settings struct {
@@ -44,6 +49,7 @@ type settings struct {
 	grpcTLSKey      string
 	grpcClientCA    string
 	grpcMaxMessage  byteSize
+	grpcMaxStreams  uint32
 	watch           bool
 	decisionMeta    bool
 	debugAddr       string
@@ -80,6 +86,15 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.grpcClientCA, "grpc-client-ca", "", "PEM CA file: require and verify client certificates (mTLS)")
 	s.grpcMaxMessage = 1 << 20
 	fs.Var(&s.grpcMaxMessage, "grpc-max-message-size", "largest gRPC request accepted, in bytes (default 1MiB)")
+	fs.Func("grpc-max-concurrent-streams", "streams one gRPC connection may have open at once; more are refused (default 100)", func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil || n == 0 {
+			return fmt.Errorf("want a whole number from 1 to %d, got %q", uint32(math.MaxUint32), v)
+		}
+		s.grpcMaxStreams = uint32(n)
+		return nil
+	})
+	s.grpcMaxStreams = DefaultGRPCMaxStreams
 	fs.IntVar(&s.dispatchers, "redis-dispatchers", 1, "batching dispatchers, each sending what queued during its previous round trip as one script call (one per hash slot on Cluster); -1: no batching, one round trip per request")
 	fs.BoolVar(&s.watch, "watch", true, "reload the rules when files under --config change (SIGHUP always reloads)")
 	fs.BoolVar(&s.decisionMeta, "decision-metadata", false, "explain each decision in the response's dynamic_metadata (rule and reason per descriptor)")

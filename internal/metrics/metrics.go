@@ -33,6 +33,7 @@ type Metrics struct {
 	Requests          *prometheus.CounterVec
 	UnknownDomain     prometheus.Counter
 	InvalidRequests   prometheus.Counter
+	CanceledRequests  prometheus.Counter
 	RequestDuration   prometheus.Histogram
 	RedisDuration     prometheus.Histogram
 	RedisErrors       *prometheus.CounterVec
@@ -68,6 +69,10 @@ func New(version string) *Metrics {
 		InvalidRequests: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimitd_invalid_requests_total",
 			Help: "Requests refused as invalid (empty domain, no descriptors, over the size bounds).",
+		}),
+		CanceledRequests: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimitd_canceled_requests_total",
+			Help: "Requests whose caller canceled before the store decided them: not answered, not counted as failures.",
 		}),
 		RequestDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ratelimitd_request_duration_seconds",
@@ -122,7 +127,7 @@ func New(version string) *Metrics {
 		Help: "1, labelled with the version and the Go version.",
 	}, []string{"version", "goversion"})
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
-	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.RequestDuration,
+	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.RequestDuration,
 		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
 		m.MaxmemoryPolicy, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigInfo, buildInfo)
 	return m
@@ -163,6 +168,14 @@ func (m *Metrics) RedisCall(d time.Duration, errClass string) {
 func (m *Metrics) InvalidRequest() {
 	if m != nil {
 		m.InvalidRequests.Inc()
+	}
+}
+
+// CanceledRequest counts a request its caller canceled before the store
+// decided it.
+func (m *Metrics) CanceledRequest() {
+	if m != nil {
+		m.CanceledRequests.Inc()
 	}
 }
 

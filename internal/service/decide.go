@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"sync"
@@ -53,7 +54,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 
 	checks, states := s.buildChecks(req, items)
 	if len(checks) > 0 {
-		s.evaluate(ctx, checks, states)
+		if err := s.evaluate(ctx, checks, states); err != nil {
+			return nil, err
+		}
 	}
 	resp := s.respond(req.GetDomain(), items, checks, states)
 	s.m.Request(resp.GetOverallCode().String(), time.Since(start))
@@ -120,9 +123,17 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 	return checks, states
 }
 
+// ErrCanceled is the error when the caller went away (it canceled the
+// call, or closed its stream) before the store decided: nobody would read
+// an answer by failure policy, so none is made and none is counted.
+// Otherwise a client resetting every stream it opens (HTTP/2 rapid reset)
+// would raise the fail-open count, and fire its alert, at will.
+var ErrCanceled = errors.New("service: the caller canceled the call")
+
 // evaluate answers exhausted counters from the local cache and has the
-// store decide the rest in one call.
-func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []checkState) {
+// store decide the rest in one call. It returns an error only when the
+// caller canceled (ErrCanceled); a store failure is marked in states.
+func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []checkState) error {
 	now := s.now()
 	rejected := false
 	if s.cache != nil {
@@ -157,10 +168,15 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 			idx = append(idx, c)
 		}
 		if len(send) == 0 {
-			return
+			return nil
 		}
 	}
 	res, err := s.storeEvaluate(ctx, send)
+	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
+		s.stats.Canceled.Add(1)
+		s.m.CanceledRequest()
+		return fmt.Errorf("%w: %w", ErrCanceled, context.Canceled)
+	}
 	if err != nil {
 		s.stats.StoreErrors.Add(1)
 		s.logFailure(ctx, err, len(send))
@@ -169,7 +185,7 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 				states[c].failed = true
 			}
 		}
-		return
+		return nil
 	}
 	now = s.now()
 	for j := range send {
@@ -189,6 +205,7 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 			s.cache.Block(ch.Key, ch.Limit, now.Add(time.Duration(res[j].ResetUS)*time.Microsecond), now)
 		}
 	}
+	return nil
 }
 
 // ErrNoTime is the store error when the caller's deadline leaves less than

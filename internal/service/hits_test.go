@@ -1,12 +1,16 @@
 package service_test
 
 import (
+	"context"
+	"errors"
 	"math"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -71,4 +75,34 @@ func TestHugeHitsStayExact(t *testing.T) {
 			t.Errorf("fail-open + store errors after refund = %d, want 0", n)
 		}
 	})
+}
+
+// blockingStore answers only when the call's context ends.
+type blockingStore struct{}
+
+func (blockingStore) Evaluate(ctx context.Context, _ []limit.Check) ([]limit.Result, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestCanceledCallerNotAnswered: a caller that cancels before the store
+// decides gets no answer by failure policy, and nothing is counted as
+// fail-open (a client resetting every stream would otherwise raise that
+// count at will); a call whose time ran out is still answered by policy.
+func TestCanceledCallerNotAnswered(t *testing.T) {
+	s := service.New(rules(t), blockingStore{}, nil, service.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	if _, err := s.ShouldRateLimit(ctx, request(desc("user", "c"))); !errors.Is(err, service.ErrCanceled) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled call: err = %v, want ErrCanceled", err)
+	}
+	if st := s.Stats(); st.FailOpen.Load() != 0 || st.Canceled.Load() != 1 {
+		t.Errorf("fail-open %d, canceled %d; want 0, 1", st.FailOpen.Load(), st.Canceled.Load())
+	}
+	tctx, tcancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer tcancel()
+	resp, err := s.ShouldRateLimit(tctx, request(desc("user", "c")))
+	if err != nil || resp.GetOverallCode().String() != "OK" || s.Stats().FailOpen.Load() != 1 {
+		t.Errorf("timed-out call: %v, %v, fail-open %d; want OK by policy", resp, err, s.Stats().FailOpen.Load())
+	}
 }

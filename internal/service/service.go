@@ -191,4 +191,8 @@ type Stats struct {
 	FailClosed atomic.Int64
 	// StoreErrors counts failed store evaluations.
 	StoreErrors atomic.Int64
+	// Canceled counts requests whose caller canceled before the store
+	// decided them (see ErrCanceled): not answered, not counted as
+	// failures.
+	Canceled atomic.Int64
 }

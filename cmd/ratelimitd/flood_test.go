@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+)
+
+// slowReader opens streams on one HTTP/2 connection as fast as the server
+// takes them, each a complete ShouldRateLimit call, and never reads a
+// byte of the answers (its flow-control window for them is zero), until
+// stop is closed; then it closes the connection. With reset, it cancels
+// each stream right after sending it (HTTP/2 rapid reset). It returns the
+// number of streams it opened.
+func slowReader(t *testing.T, addr string, streams int, reset bool, stop <-chan struct{}) <-chan int {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := proto.Marshal(&rlsv3.RateLimitRequest{Domain: "e2e", Descriptors: []*rlcommon.RateLimitDescriptor{desc("b", "slow")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 5+len(msg)) // gRPC framing: no compression, length
+	binary.BigEndian.PutUint32(body[1:5], uint32(len(msg)))
+	copy(body[5:], msg)
+	var hdr bytes.Buffer
+	enc := hpack.NewEncoder(&hdr)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", addr},
+		{":path", "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"},
+		{"content-type", "application/grpc"}, {"te", "trailers"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	done := make(chan int, 1)
+	go func() {
+		opened := 0
+		defer func() { done <- opened }()
+		defer conn.Close()
+		go func() { <-stop; conn.Close() }()
+		fr := http2.NewFramer(conn, nil)
+		if _, err := conn.Write([]byte(http2.ClientPreface)); err != nil {
+			return
+		}
+		// A zero window: the server can send no answer on any stream.
+		if err := fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}); err != nil {
+			return
+		}
+		for id := uint32(1); opened < streams; id += 2 {
+			if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hdr.Bytes(), EndHeaders: true}); err != nil {
+				return
+			}
+			if err := fr.WriteData(id, true, body); err != nil {
+				return
+			}
+			if reset {
+				if err := fr.WriteRSTStream(id, http2.ErrCodeCancel); err != nil {
+					return
+				}
+			}
+			opened++
+		}
+		<-stop
+	}()
+	return done
+}
+
+// procRSS is a process's resident set in KB.
+func procRSS(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Skip("no /proc:", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+			return n
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// TestSlowReaderBounded: a client opening 100,000 streams on one
+// connection and reading none of the answers (or resetting each at once)
+// costs the server little memory, returned once it disconnects, while a
+// well-behaved client on another connection keeps its latency and never
+// gets a by-policy answer. The server is a process of its own, on a real
+// Redis, so that its RSS is its own and a starved Redis call would show
+// as a fail-open decision.
+func TestSlowReaderBounded(t *testing.T) {
+	for _, reset := range []bool{false, true} {
+		name := "slow_reader"
+		if reset {
+			name = "rapid_reset"
+		}
+		t.Run(name, func(t *testing.T) { testFlood(t, reset) })
+	}
+}
+
+func testFlood(t *testing.T, reset bool) {
+	srv := redistest.Start(t)
+	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
+	cmd := mainCommand(t, "--config", writeRules(t, testRules), "--redis-url", srv.URL(),
+		"--grpc-addr", grpcAddr, "--http-addr", httpAddr)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + httpAddr + "/healthcheck")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not healthy: %v\n%s", err, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	client := rlsv3.NewRateLimitServiceClient(dial(t, grpcAddr))
+	probe := func(d time.Duration) []time.Duration {
+		var lat []time.Duration
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			start := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "e2e",
+				Descriptors: []*rlcommon.RateLimitDescriptor{desc("c", "probe")}})
+			cancel()
+			if err != nil {
+				t.Errorf("probe: %v", err)
+				return lat
+			}
+			lat = append(lat, time.Since(start))
+			time.Sleep(2 * time.Millisecond)
+		}
+		return lat
+	}
+	probe(200 * time.Millisecond) // warm
+	base := procRSS(t, cmd.Process.Pid)
+
+	stop := make(chan struct{})
+	var stopOnce sync.Once
+	stopReader := func() { stopOnce.Do(func() { close(stop) }) }
+	t.Cleanup(stopReader)
+	opened := slowReader(t, grpcAddr, 100_000, reset, stop)
+	lat := probe(4 * time.Second)
+	peak := procRSS(t, cmd.Process.Pid)
+	stopReader()
+	n := <-opened
+	slices.Sort(lat)
+	p99 := lat[len(lat)*99/100]
+	t.Logf("slow reader sent %d streams; server RSS %d MB -> %d MB; probe p99 %v over %d calls", n, base>>10, peak>>10, p99, len(lat))
+	if grew := peak - base; grew > 100<<10 {
+		t.Errorf("server RSS grew by %d MB under the slow reader", grew>>10)
+	}
+	if p99 > 50*time.Millisecond {
+		t.Errorf("probe p99 %v beside the slow reader", p99)
+	}
+	// Memory comes back once the connection is gone.
+	var after int
+	for end := time.Now().Add(15 * time.Second); ; {
+		after = procRSS(t, cmd.Process.Pid)
+		if after-base < 30<<10 || time.Now().After(end) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("server RSS after the slow reader left: %d MB", after>>10)
+	if after-base >= 30<<10 {
+		t.Errorf("server RSS %d MB, %d MB above where it started, 15 s after the slow reader left", after>>10, (after-base)>>10)
+	}
+	// Neither the prober (rule c) nor the flood (rule b) got a by-policy
+	// answer: a stream reset before its decision is not one.
+	for _, rule := range []string{"e2e.b", "e2e.c"} {
+		if v := scrape(t, httpAddr, `ratelimitd_decisions_total{domain="e2e",outcome="fail_open",rule="`+rule+`"}`); v != "" {
+			t.Errorf("%s by-policy answers to %s beside the flood", v, rule)
+		}
+	}
+	t.Logf("canceled requests: %q", scrape(t, httpAddr, "ratelimitd_canceled_requests_total"))
+}
