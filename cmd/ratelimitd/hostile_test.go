@@ -133,7 +133,7 @@ func TestHotReloadBombs(t *testing.T) {
 	if ask("user") != rlsv3.RateLimitResponse_OK {
 		t.Fatal("the first file's rules are gone")
 	}
-	if resetPeak {
+	if resetPeak && !raceEnabled {
 		peak := procKB(t, "VmHWM")
 		t.Logf("RSS: %d MB before the bombs, peak %d MB", startRSS>>10, peak>>10)
 		// The bound the README states: refusing a file costs the server
@@ -187,7 +187,7 @@ func TestCheckConfigBombs(t *testing.T) {
 		}
 		maxRSS := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss // KB on Linux
 		t.Logf("%s: %v, peak RSS %d MB, %d bytes printed", name, took.Round(time.Millisecond), maxRSS>>10, len(out))
-		if took > 2*time.Second || maxRSS > 200<<10 || len(out) > 64<<10 {
+		if len(out) > 64<<10 || !raceEnabled && (took > 2*time.Second || maxRSS > 200<<10) {
 			t.Errorf("%s: took %v, peak RSS %d MB, %d bytes printed", name, took, maxRSS>>10, len(out))
 		}
 	}
