@@ -18,6 +18,7 @@ func TestBadConfigs(t *testing.T) {
 		{"empty_domain.bad.yaml", []string{"empty_domain.bad.yaml:1: domain: missing or empty domain"}},
 		{"empty_key.bad.yaml", []string{"empty_key.bad.yaml:3: descriptors[0].key: missing or empty key"}},
 		{"duplicate_key.bad.yaml", []string{":6: descriptors[1]: duplicate descriptor d.key1_value1 (first defined at line 3)"}},
+		{"duplicate_key_only.bad.yaml", []string{":5: descriptors[1]: duplicate descriptor d.key1 (first defined at line 3)"}},
 		{"duplicate_field.bad.yaml", []string{`:4: descriptors[0]: duplicate field "key"`}},
 		{"bad_unit.bad.yaml", []string{`:5: descriptors[0].rate_limit.unit: unknown unit "fortnight"`}},
 		{"missing_unit.bad.yaml", []string{":5: descriptors[0].rate_limit.unit: missing unit"}},

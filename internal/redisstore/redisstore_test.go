@@ -103,21 +103,41 @@ func TestHealsKeyWithoutTTL(t *testing.T) {
 	}
 }
 
+// TestRefund: a refund gives hits back, and never below zero: a refund
+// larger than the count leaves a count of 0 (Remaining is the whole
+// limit, and the next hit leaves limit-1), not a negative count that a
+// later read would take for something else.
 func TestRefund(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newStore(t, srv, nil)
 	ctx := context.Background()
-	c := limit.Check{Key: "r", Limit: 5, WindowUS: 60e6, Hits: 3}
-	s.Evaluate(ctx, []limit.Check{c})
-	c.Refund, c.Hits = true, 2
-	r, _ := s.Evaluate(ctx, []limit.Check{c})
-	if r[0].Used(5) != 1 || r[0].Over {
-		t.Errorf("after refund of 2: %+v, want count 1", r[0])
+	eval := func(c limit.Check) limit.Result {
+		t.Helper()
+		r, err := s.Evaluate(ctx, []limit.Check{c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r[0]
 	}
-	c.Hits = 100
-	r, _ = s.Evaluate(ctx, []limit.Check{c})
-	if r[0].Used(5) != 0 {
-		t.Errorf("refund below zero: count %d", r[0].Used(5))
+	for _, algo := range []limit.Algorithm{limit.FixedWindow, limit.SlidingWindow, limit.TokenBucket} {
+		key := fmt.Sprint("r", algo)
+		c := limit.Check{Key: key, Limit: 5, WindowUS: 3600e6, Hits: 3, Algorithm: algo}
+		eval(c)
+		c.Refund, c.Hits = true, 2
+		if r := eval(c); r.Remaining != 4 || r.Over {
+			t.Errorf("%v: after a refund of 2 of 3: %+v, want 4 remaining", algo, r)
+		}
+		c.Hits = 100
+		if r := eval(c); r.Remaining != 5 {
+			t.Errorf("%v: after a refund of 100 of 1: %+v, want exactly 5 remaining (count 0)", algo, r)
+		}
+		if v, err := srv.Client().Get(ctx, key).Result(); err == nil && strings.Contains(v, "-") {
+			t.Errorf("%v: stored %q after a refund below zero", algo, v)
+		}
+		c.Refund, c.Hits = false, 1
+		if r := eval(c); r.Remaining != 4 {
+			t.Errorf("%v: a hit after refunding to zero: %+v, want 4 remaining", algo, r)
+		}
 	}
 }
 

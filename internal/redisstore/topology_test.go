@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -124,12 +125,17 @@ func TestCluster(t *testing.T) {
 	nodes, s := clusterStore(t)
 	ctx := context.Background()
 	// Descriptors on three nodes decide together; a rejected request
-	// consumes nothing anywhere.
+	// consumes nothing anywhere. Slots are decided in ascending order, so
+	// the limit-1 key goes in the highest slot: the request is rejected
+	// in its last slot, after the two others consumed, and their refund
+	// is what the test sees.
 	keys := clusterKeys(t, nodes, "multi", 3)
+	slotOf := func(k string) int64 { return nodes[0].Client().ClusterKeySlot(ctx, k).Val() }
+	slices.SortFunc(keys, func(a, b string) int { return cmp.Compare(slotOf(a), slotOf(b)) })
 	checks := []limit.Check{
 		{Key: keys[0], Limit: 100, WindowUS: 3600e6, Hits: 1},
-		{Key: keys[1], Limit: 1, WindowUS: 3600e6, Hits: 1},
-		{Key: keys[2], Limit: 100, WindowUS: 3600e6, Hits: 1},
+		{Key: keys[2], Limit: 1, WindowUS: 3600e6, Hits: 1},
+		{Key: keys[1], Limit: 100, WindowUS: 3600e6, Hits: 1},
 	}
 	for i := range 4 {
 		r, err := s.Evaluate(ctx, checks)
@@ -140,7 +146,7 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("call %d: %+v", i, r)
 		}
 	}
-	r, err := s.Evaluate(ctx, []limit.Check{{Key: keys[0], Limit: 100, WindowUS: 3600e6}, {Key: keys[2], Limit: 100, WindowUS: 3600e6}})
+	r, err := s.Evaluate(ctx, []limit.Check{{Key: keys[0], Limit: 100, WindowUS: 3600e6}, {Key: keys[1], Limit: 100, WindowUS: 3600e6}})
 	if err != nil || r[0].Used(100) != 1 || r[1].Used(100) != 1 {
 		t.Fatalf("after 3 rejected requests: %+v, %v; want counts 1 (refunded)", r, err)
 	}

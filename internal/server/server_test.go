@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,7 +13,10 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/config"
@@ -92,16 +96,36 @@ func (s *slowDecider) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitR
 	return s.Service.ShouldRateLimit(ctx, req)
 }
 
-// TestShutdownDrains checks the order: health goes 503 first, in-flight
-// requests finish, then the listeners close.
+// TestShutdownDrains checks the order: health goes NOT_SERVING first, on
+// HTTP (503) and on gRPC for every service name load balancers ask about,
+// in-flight requests finish, then the listeners close.
 func TestShutdownDrains(t *testing.T) {
 	dec := &slowDecider{Service: newService(t), entered: make(chan struct{}, 1), release: make(chan struct{})}
-	srv := New(dec, Options{DrainDelay: 200 * time.Millisecond})
+	srv := New(dec, Options{DrainDelay: time.Second})
 	gl, _ := net.Listen("tcp", "127.0.0.1:0")
 	hl, _ := net.Listen("tcp", "127.0.0.1:0")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, gl, hl) }()
+	cc, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	hc := healthpb.NewHealthClient(cc)
+	grpcHealth := func() []string {
+		var got []string
+		for _, name := range HealthServices {
+			r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: name})
+			got = append(got, fmt.Sprint(r.GetStatus(), err))
+		}
+		return got
+	}
+	for _, st := range grpcHealth() {
+		if st != "SERVING <nil>" {
+			t.Fatalf("gRPC health before shutdown: %v", st)
+		}
+	}
 	base := "http://" + hl.Addr().String()
 	inflight := make(chan int, 1)
 	go func() {
@@ -117,14 +141,26 @@ func TestShutdownDrains(t *testing.T) {
 	}()
 	<-dec.entered
 	cancel()
-	time.Sleep(50 * time.Millisecond)
-	resp, err := http.Get(base + "/healthcheck")
-	if err != nil {
-		t.Fatalf("healthcheck during drain: %v", err)
+	// The request held in flight keeps the server draining until release.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Get(base + "/healthcheck")
+		if err != nil {
+			t.Fatalf("healthcheck during drain: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("healthcheck during drain = %d, want 503", resp.StatusCode)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("healthcheck during drain = %d, want 503", resp.StatusCode)
+	for i, st := range grpcHealth() {
+		if st != "NOT_SERVING <nil>" {
+			t.Errorf("gRPC health %q during drain: %v, want NOT_SERVING", HealthServices[i], st)
+		}
 	}
 	close(dec.release)
 	if code := <-inflight; code != http.StatusOK {

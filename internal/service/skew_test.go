@@ -12,45 +12,69 @@ import (
 
 // TestClockSkew runs two instances on one Redis whose own clocks differ
 // by 70 s (the article's Laravel lab let 600 through a limit of 100 this
-// way): windows come from Redis TIME, so together they admit exactly the
-// limit, and report the same reset.
+// way), alternating 40 requests on a 5-a-minute rule. As deployed, windows
+// come from Redis TIME: together they admit exactly the limit and report
+// the same reset. The control gives each instance's clock to its store as
+// the script's time, as a limiter deciding on app-server time would: the
+// instances then sit in different minutes, each resets the other's
+// window, and far more than the limit goes through — so this test fails
+// on any path by which an instance's own clock reaches the decision.
 func TestClockSkew(t *testing.T) {
 	srv := redistest.Start(t)
-	now, err := srv.Client().Time(t.Context()).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if left := now.Truncate(time.Hour).Add(time.Hour).Sub(now); left < 10*time.Second {
-		time.Sleep(left + time.Second) // stay in one hour window
-	}
-	newInstance := func(skew time.Duration) *service.Service {
-		st, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: time.Second})
+	run := func(t *testing.T, appTimeInScript bool) (ok int, resets [2]int64) {
+		now, err := srv.Client().Time(t.Context()).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { st.Close() })
-		return service.New(rules(t), st, overlimitcache.New(1<<20), service.Options{
-			Now: func() time.Time { return time.Now().Add(skew) },
-		})
-	}
-	a, b := newInstance(0), newInstance(70*time.Second)
-	ok := 0
-	var resets [2]int64
-	for i := range 40 {
-		s := a
-		if i%2 == 1 {
-			s = b
+		if left := now.Truncate(time.Minute).Add(time.Minute).Sub(now); left < 15*time.Second {
+			time.Sleep(left + time.Second) // 40 requests in one minute window
 		}
-		r := call(t, s, request(desc("user", "skew"), desc("ip", "skew")))
-		if codes(r) == "OK OK OK" {
-			ok++
+		newInstance := func(skew time.Duration) *service.Service {
+			clock := func() time.Time { return time.Now().Add(skew) }
+			opts := redisstore.Options{URL: srv.URL(), Timeout: time.Second}
+			if appTimeInScript {
+				opts.ScriptTime = clock
+			}
+			st, err := redisstore.New(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			return service.New(rules(t), st, overlimitcache.New(1<<20), service.Options{Now: clock})
 		}
-		resets[i%2] = r.GetStatuses()[1].GetDurationUntilReset().GetSeconds()
+		a, b := newInstance(0), newInstance(70*time.Second)
+		for i := range 40 {
+			s := a
+			if i%2 == 1 {
+				s = b
+			}
+			r := call(t, s, request(desc("login", appTimeName(appTimeInScript))))
+			if codes(r) == "OK OK" {
+				ok++
+			}
+			resets[i%2] = r.GetStatuses()[0].GetDurationUntilReset().GetSeconds()
+		}
+		return ok, resets
 	}
-	if ok != 3 {
-		t.Errorf("two skewed instances admitted %d, want exactly the limit 3", ok)
+	t.Run("redis time", func(t *testing.T) {
+		ok, resets := run(t, false)
+		if ok != 5 {
+			t.Errorf("two skewed instances admitted %d, want exactly the limit 5", ok)
+		}
+		if d := resets[0] - resets[1]; d < -1 || d > 1 {
+			t.Errorf("resets differ: %d s vs %d s", resets[0], resets[1])
+		}
+	})
+	t.Run("control: app time", func(t *testing.T) {
+		if ok, _ := run(t, true); ok <= 5 {
+			t.Errorf("deciding on the instances' own skewed clocks admitted %d, want more than the limit 5: the test cannot see skew", ok)
+		}
+	})
+}
+
+func appTimeName(b bool) string {
+	if b {
+		return "app-time"
 	}
-	if d := resets[0] - resets[1]; d < -1 || d > 1 {
-		t.Errorf("resets differ: %d s vs %d s", resets[0], resets[1])
-	}
+	return "redis-time"
 }
