@@ -15,9 +15,10 @@ import (
 // semanticOnly are bad files whose problem a schema cannot see; the
 // parser (and check-config) reports them.
 var semanticOnly = map[string]string{
-	"duplicate_key.bad.yaml": "the same descriptor twice at one level",
-	"multi_doc.bad.yaml":     "a second YAML document",
-	"replaces_self.bad.yaml": "a limit replacing its own name",
+	"duplicate_key.bad.yaml":      "the same descriptor twice at one level",
+	"duplicate_key_only.bad.yaml": "the same key-only descriptor twice at one level",
+	"multi_doc.bad.yaml":          "a second YAML document",
+	"replaces_self.bad.yaml":      "a limit replacing its own name",
 }
 
 func compile(t *testing.T) *jsonschema.Schema {
