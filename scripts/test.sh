@@ -16,5 +16,7 @@ test -z "$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 go vet ./...
 go test -race -count=1 ./...
 # The race detector multiplies memory and time: the tests of resource
-# bounds assert them only in this second run, without it.
-go test -count=1 -run 'TestBombsBounded|TestHotReloadBombs|TestCheckConfigBombs|TestSlowReaderBounded' ./config ./cmd/ratelimitd
+# bounds and of recovery within 20 ms assert them only in this second
+# run, without it.
+go test -count=1 -run 'TestBombsBounded|TestHotReloadBombs|TestCheckConfigBombs|TestSlowReaderBounded|TestPausedRedisBounded|TestShortStallsKeepLimiting' \
+	./config ./cmd/ratelimitd ./internal/redisstore ./internal/service

@@ -178,7 +178,7 @@ func newStore(ctx context.Context, s *settings, m *metrics.Metrics, log *slog.Lo
 		log.Warn("the Redis password is on the command line, where ps and /proc show it; give it with --redis-password-file or RATELIMITD_REDIS_URL instead")
 	}
 	rs, err := redisstore.New(redisstore.Options{
-		URL: s.redisURL, Password: password, Mode: s.redisMode, Timeout: s.redisTimeout,
+		URL: s.redisURL, Password: password, Mode: s.redisMode, Timeout: s.redisTimeout, BreakerOpenAfter: s.breakerAfter,
 		TLSCA: s.redisTLSCA, TLSCert: s.redisTLSCert, TLSKey: s.redisTLSKey,
 		Metrics: m, Logger: log, Dispatchers: s.dispatchers,
 	})

@@ -36,6 +36,7 @@ type settings struct {
 	shadowMode      bool
 	responseHeaders headersFlag
 	redisTimeout    time.Duration
+	breakerAfter    time.Duration
 	keyPrefix       string
 	logLevel        slog.Level
 	logFormat       string
@@ -69,6 +70,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&s.shadowMode, "shadow-mode", false, "global shadow mode: decide and count, but always answer OK overall")
 	fs.Var(&s.responseHeaders, "response-headers", "rate-limit headers on responses: legacy (RateLimit-Limit/-Remaining/-Reset; a bare --response-headers), draft11 (RateLimit-Policy and RateLimit), or off")
 	fs.DurationVar(&s.redisTimeout, "redis-timeout", redisstore.DefaultTimeout, "bound on each Redis call; a shorter gRPC deadline wins")
+	fs.DurationVar(&s.breakerAfter, "breaker-open-after", redisstore.DefaultBreakerOpenAfter, "open the Redis breaker (answer by failure policy at once) only after round trips have kept failing this long, with no answer in between")
 	fs.StringVar(&s.keyPrefix, "key-prefix", "", "prefix of every Redis key; changing it starts every counter afresh")
 	fs.TextVar(&s.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	fs.StringVar(&s.logFormat, "log-format", "text", "text or json")
@@ -136,6 +138,8 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, errors.New("--config is required (a rules file or directory; env " + envPrefix + "CONFIG)")
 	case s.redisTimeout <= 0:
 		return nil, fmt.Errorf("--redis-timeout must be positive, got %v", s.redisTimeout)
+	case s.breakerAfter <= 0:
+		return nil, fmt.Errorf("--breaker-open-after must be positive, got %v", s.breakerAfter)
 	case s.logFormat != "text" && s.logFormat != "json":
 		return nil, fmt.Errorf("--log-format must be text or json, got %q", s.logFormat)
 	case (s.grpcTLSCert == "") != (s.grpcTLSKey == ""):

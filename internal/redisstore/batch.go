@@ -262,7 +262,9 @@ func (s *Store) send(b *batcher, batch []*call) {
 		s.sendSlots(ctx, b, live)
 		return
 	}
+	start := time.Now()
 	vals, err := s.runOn(ctx, b.client, requests(live))
+	s.breaker.roundTrip(start, deadline, err)
 	s.deliver(ctx, live, vals, err)
 }
 
@@ -318,6 +320,8 @@ func (s *Store) sendSlots(ctx context.Context, b *batcher, live []*call) {
 		}
 		groups[i].calls = append(groups[i].calls, c)
 	}
+	start := time.Now()
+	deadline, _ := ctx.Deadline()
 	_, _ = b.node.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, g := range groups {
 			if g.keys, g.args, g.err = s.scriptArgs(requests(g.calls)); g.err == nil {
@@ -332,6 +336,7 @@ func (s *Store) sendSlots(ctx context.Context, b *batcher, live []*call) {
 			continue
 		}
 		res, err := g.cmd.Result()
+		s.breaker.roundTrip(start, deadline, err)
 		switch {
 		case err != nil && isNoScript(err):
 			s.reloads.Add(1)
@@ -369,7 +374,11 @@ func (s *Store) runAlone(ctx context.Context, calls []*call) {
 	var wg sync.WaitGroup
 	for _, c := range calls {
 		wg.Go(func() {
+			start := time.Now()
 			vals, err := s.run(ctx, [][]limit.Check{c.checks})
+			if dl, ok := ctx.Deadline(); ok {
+				s.breaker.roundTrip(start, dl, err)
+			}
 			if err == nil {
 				vals, err = splitReply(vals, 0, len(c.checks))
 			}

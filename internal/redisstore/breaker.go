@@ -2,50 +2,130 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// breaker stops the store from waiting on a Redis that does not answer:
-// after threshold consecutive timeouts or connection errors it opens, every
-// call fails at once, and a background probe closes it as soon as Redis
-// answers again.
+// breaker stops the store from waiting on a Redis that does not answer.
+// It judges Redis by its round trips (script calls), not by the requests
+// they carry: with batching one slow round trip fails every request in
+// it, and counting those opened the breaker on a single hiccup. It opens
+// only when round trips have kept failing (timeouts, connection errors)
+// for openAfter, at least minFails of them, with no success in between. A
+// round trip that began before Redis last answered does not count: it
+// waited behind a stall that is over.
+//
+// While open, calls fail at once, and the first round trip Redis answers
+// closes it. A probe is kept in flight all the while (back to back, each
+// bounded by the probe interval), so that a Redis that resumes after a
+// stall answers it at once and decisions are right again within
+// milliseconds; real traffic is let through too, one call at a time and
+// at most one per trialEvery, so that the script path itself is tried.
+// Each such call may wait for the timeout: the rate keeps them rare.
 type breaker struct {
-	threshold int
-	interval  time.Duration
-	probe     func(ctx context.Context) error
-	onChange  func(open bool)
+	minFails   int
+	openAfter  time.Duration
+	trialEvery time.Duration
+	interval   time.Duration
+	probe      func(ctx context.Context) error
+	onChange   func(open bool)
 
-	open  atomic.Bool
-	fails atomic.Int64  // consecutive timeouts and connection errors
-	mu    sync.Mutex    // orders opening, closing and stop
-	done  chan struct{} // closed by stop; ends the probe
-	wg    sync.WaitGroup
+	open        atomic.Bool
+	lastSuccess atomic.Int64 // when the latest answered round trip ended, Unix ns
+	lastTrial   atomic.Int64 // when the latest trial call was let through, Unix ns
+	trial       atomic.Bool  // a trial call is in flight
+	failing     atomic.Bool  // failures recorded since the last success
+
+	mu        sync.Mutex // guards what follows, and orders opening, closing and stop
+	failSince time.Time  // start of the first failed round trip since the last success
+	fails     int
+	done      chan struct{} // closed by stop; ends the probe
+	probing   bool
+	wg        sync.WaitGroup
 }
 
-func newBreaker(threshold int, interval time.Duration, probe func(context.Context) error, onChange func(bool)) *breaker {
-	return &breaker{threshold: threshold, interval: interval, probe: probe, onChange: onChange, done: make(chan struct{})}
+// trialEvery spaces the real calls let through while the breaker is
+// open; probeGap is the least time between the starts of two probes, so
+// that a refused connection does not turn the probe into a busy loop.
+const (
+	trialEvery = time.Second
+	probeGap   = 5 * time.Millisecond
+)
+
+func newBreaker(minFails int, openAfter, interval time.Duration, probe func(context.Context) error, onChange func(bool)) *breaker {
+	return &breaker{minFails: minFails, openAfter: openAfter, trialEvery: trialEvery, interval: interval,
+		probe: probe, onChange: onChange, done: make(chan struct{})}
 }
 
-// isOpen reports whether calls should fail at once.
+// isOpen reports whether the breaker is open.
 func (b *breaker) isOpen() bool { return b.open.Load() }
 
-// record counts one call's outcome.
-// A success costs one atomic load: it is every healthy call.
-func (b *breaker) record(class string) {
-	if !tripsBreaker(class) {
-		if class == "" && b.fails.Load() != 0 {
-			b.fails.Store(0)
-		}
-		return
+// allow reports whether a call may go to Redis: always while closed;
+// while open, as the one trial in flight, at most one per trialEvery. A
+// trial reports trial true and must call trialDone when it ends.
+func (b *breaker) allow() (ok, trial bool) {
+	if !b.open.Load() {
+		return true, false
 	}
-	if b.fails.Add(1) < int64(b.threshold) || b.open.Load() {
+	now := time.Now().UnixNano()
+	if now-b.lastTrial.Load() < int64(b.trialEvery) || !b.trial.CompareAndSwap(false, true) {
+		return false, false
+	}
+	b.lastTrial.Store(now)
+	return true, true
+}
+
+// trialDone ends a trial call.
+func (b *breaker) trialDone() { b.trial.Store(false) }
+
+// roundTrip records the outcome of one round trip that started at start
+// with a deadline. Error replies (NOREPLICAS, OOM, ...) are Redis
+// answering; a round trip given almost no time, or abandoned by its
+// callers, says nothing about Redis.
+func (b *breaker) roundTrip(start, deadline time.Time, err error) {
+	class := Classify(err)
+	switch {
+	case !tripsBreaker(class):
+		b.success()
+	case errors.Is(err, context.Canceled) || deadline.Sub(start) < minBudget:
+	default:
+		b.failure(start)
+	}
+}
+
+// success records an answered round trip and closes the breaker. A
+// healthy round trip costs an atomic store and two loads.
+func (b *breaker) success() {
+	b.lastSuccess.Store(time.Now().UnixNano())
+	if !b.failing.Load() && !b.open.Load() {
 		return
 	}
 	b.mu.Lock()
+	b.fails, b.failSince = 0, time.Time{}
+	b.failing.Store(false)
+	wasOpen := b.open.Swap(false)
+	b.mu.Unlock()
+	if wasOpen {
+		b.onChange(false)
+	}
+}
+
+// failure records a failed round trip and opens the breaker once round
+// trips have failed for openAfter, at least minFails of them.
+func (b *breaker) failure(start time.Time) {
+	if start.UnixNano() < b.lastSuccess.Load() {
+		return // Redis answered since this round trip began
+	}
+	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.open.Load() {
+	if b.fails == 0 || start.Before(b.failSince) {
+		b.failSince = start
+	}
+	b.fails++
+	b.failing.Store(true)
+	if b.open.Load() || b.fails < b.minFails || time.Since(b.failSince) < b.openAfter {
 		return
 	}
 	select {
@@ -54,30 +134,39 @@ func (b *breaker) record(class string) {
 	default:
 	}
 	b.open.Store(true)
+	b.lastTrial.Store(time.Now().UnixNano())
 	b.onChange(true)
-	b.wg.Go(b.probeLoop)
+	if !b.probing {
+		b.probing = true
+		b.wg.Go(b.probeLoop)
+	}
 }
 
-// probeLoop probes until Redis answers or the breaker is stopped.
+// probeLoop keeps a probe in flight while the breaker is open, until it
+// is stopped.
 func (b *breaker) probeLoop() {
-	t := time.NewTicker(b.interval)
-	defer t.Stop()
 	for {
-		select {
-		case <-b.done:
-			return
-		case <-t.C:
+		if !b.open.Load() {
+			b.mu.Lock()
+			if !b.open.Load() {
+				b.probing = false
+				b.mu.Unlock()
+				return
+			}
+			b.mu.Unlock()
 		}
+		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), b.interval)
 		err := b.probe(ctx)
 		cancel()
 		if err == nil {
-			b.mu.Lock()
-			b.fails.Store(0)
-			b.open.Store(false)
-			b.mu.Unlock()
-			b.onChange(false)
+			b.success()
+			continue
+		}
+		select {
+		case <-b.done:
 			return
+		case <-time.After(probeGap - time.Since(start)):
 		}
 	}
 }

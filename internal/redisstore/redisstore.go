@@ -31,7 +31,8 @@ var scriptFS embed.FS
 // Defaults of [Options].
 const (
 	DefaultTimeout          = 50 * time.Millisecond
-	DefaultBreakerFailures  = 5
+	DefaultBreakerFailures  = 3
+	DefaultBreakerOpenAfter = 250 * time.Millisecond
 	DefaultProbeInterval    = 100 * time.Millisecond
 	DefaultPolicyCheckEvery = time.Minute
 )
@@ -56,11 +57,17 @@ type Options struct {
 	// certificate, and a client certificate and key for Redis's
 	// tls-auth-clients. They need a rediss:// URL.
 	TLSCA, TLSCert, TLSKey string
-	// BreakerFailures is the number of consecutive timeouts or connection
-	// errors that opens the breaker. Zero means DefaultBreakerFailures.
+	// BreakerFailures is the least number of failed round trips (script
+	// calls that timed out or lost their connection) that opens the
+	// breaker, with BreakerOpenAfter. Zero means DefaultBreakerFailures.
 	BreakerFailures int
-	// ProbeInterval is how often an open breaker probes Redis. Zero means
-	// DefaultProbeInterval.
+	// BreakerOpenAfter is how long round trips must keep failing, with no
+	// round trip answered in between, before the breaker opens: one stall
+	// or one slow batch shorter than it never opens it. Zero means
+	// DefaultBreakerOpenAfter.
+	BreakerOpenAfter time.Duration
+	// ProbeInterval bounds each probe of an open breaker, which keeps one
+	// in flight. Zero means DefaultProbeInterval.
 	ProbeInterval time.Duration
 	// PolicyCheckEvery is how often maxmemory-policy is read. Zero means
 	// DefaultPolicyCheckEvery.
@@ -134,17 +141,21 @@ func New(opts Options) (*Store, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	failures, interval := opts.BreakerFailures, opts.ProbeInterval
+	failures, openAfter, interval := opts.BreakerFailures, opts.BreakerOpenAfter, opts.ProbeInterval
 	if failures <= 0 {
 		failures = DefaultBreakerFailures
+	}
+	if openAfter <= 0 {
+		openAfter = DefaultBreakerOpenAfter
 	}
 	if interval <= 0 {
 		interval = DefaultProbeInterval
 	}
-	s.breaker = newBreaker(failures, interval, s.probe, func(open bool) {
+	s.breaker = newBreaker(failures, openAfter, interval, s.probe, func(open bool) {
 		s.m.SetBreaker(open)
 		if open {
-			s.log.Error("redis breaker open: answering by failure policy without waiting on Redis", "consecutive_failures", failures, "probe_every", interval)
+			s.log.Error("redis breaker open: answering by failure policy without waiting on Redis (a probe stays in flight; one call a second is let through)",
+				"failing_for_at_least", openAfter, "probe_every", interval)
 		} else {
 			s.log.Info("redis breaker closed: Redis answers again")
 		}
@@ -207,9 +218,13 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 	if len(checks) == 0 {
 		return nil, nil
 	}
-	if s.breaker.isOpen() {
+	ok, trial := s.breaker.allow()
+	if !ok {
 		s.m.RedisCall(0, ClassBreakerOpen)
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ErrBreakerOpen)
+	}
+	if trial {
+		defer s.breaker.trialDone()
 	}
 	deadline := time.Now().Add(s.timeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
@@ -242,6 +257,7 @@ func (s *Store) eval(ctx context.Context, deadline time.Time, checks []limit.Che
 		vals, err = s.submit(ctx, deadline, checks)
 	} else {
 		vals, err = s.run(ctx, [][]limit.Check{checks})
+		s.breaker.roundTrip(start, deadline, err)
 		if err == nil {
 			vals, err = splitReply(vals, 0, len(checks))
 		}
@@ -252,8 +268,10 @@ func (s *Store) eval(ctx context.Context, deadline time.Time, checks []limit.Che
 		// nothing about Redis, and must not open the breaker.
 		class = ClassCanceled
 	}
+	// The breaker has heard of this call's round trip, if it made one:
+	// a call that timed out waiting in the queue behind a stall says
+	// nothing more about Redis.
 	s.m.RedisCall(time.Since(start), class)
-	s.breaker.record(class)
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: eval decide (%d keys, %s): %w: %w", len(checks), class, ErrUnavailable, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"slices"
@@ -22,15 +23,15 @@ import (
 
 var hourCheck = []limit.Check{{Key: "k", Limit: 1000, WindowUS: 3600e6, Hits: 1}}
 
-// TestBreakerKillRestart kills Redis: after the threshold the breaker
-// answers at once; Redis restarted on the same port closes it by itself,
-// and no goroutine is left behind.
+// TestBreakerKillRestart kills Redis: once round trips have failed for
+// BreakerOpenAfter the breaker answers at once; Redis restarted on the
+// same port closes it by itself, and no goroutine is left behind.
 func TestBreakerKillRestart(t *testing.T) {
 	srv := redistest.Start(t)
 	m := metrics.New("test")
 	goroutines := runtime.NumGoroutine()
 	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: 50 * time.Millisecond,
-		BreakerFailures: 3, ProbeInterval: 50 * time.Millisecond, Metrics: m})
+		BreakerOpenAfter: 100 * time.Millisecond, ProbeInterval: 50 * time.Millisecond, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,25 +40,30 @@ func TestBreakerKillRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Kill()
-	for i := range 3 {
+	killed := time.Now()
+	for !s.BreakerOpen() {
 		start := time.Now()
 		_, err := s.Evaluate(ctx, hourCheck)
 		if !errors.Is(err, redisstore.ErrUnavailable) || time.Since(start) > time.Second {
-			t.Fatalf("call %d with Redis down: %v after %v", i, err, time.Since(start))
+			t.Fatalf("with Redis down: %v after %v", err, time.Since(start))
+		}
+		if time.Since(killed) > 3*time.Second {
+			t.Fatal("breaker still closed 3 s after Redis died")
 		}
 	}
-	if !s.BreakerOpen() {
-		t.Fatal("breaker still closed after 3 connection errors")
+	if el := time.Since(killed); el < 100*time.Millisecond {
+		t.Errorf("breaker opened %v after Redis died, before BreakerOpenAfter", el)
 	}
-	// Open: every call fails at once. The median of 21 calls is taken so
-	// that a GC pause under the race detector cannot fail the test.
+	// Open: calls fail at once (but for a trial now and then, which meets
+	// the refused connection). The median of 21 calls is taken so that a
+	// GC pause under the race detector cannot fail the test.
 	var took []time.Duration
 	for range 21 {
 		start := time.Now()
 		_, err = s.Evaluate(ctx, hourCheck)
 		took = append(took, time.Since(start))
-		if !errors.Is(err, redisstore.ErrBreakerOpen) {
-			t.Fatalf("open breaker: %v, want ErrBreakerOpen", err)
+		if !errors.Is(err, redisstore.ErrUnavailable) {
+			t.Fatalf("open breaker: %v, want ErrUnavailable", err)
 		}
 	}
 	slices.Sort(took)
@@ -86,39 +92,152 @@ func TestBreakerKillRestart(t *testing.T) {
 	}
 }
 
-// TestPausedRedisBounded freezes Redis: each call ends by the timeout, the
-// breaker opens, and after SIGCONT it closes again.
+// TestPausedRedisBounded freezes Redis for 2 s under steady traffic: each
+// call ends by the timeout, the breaker opens within BreakerOpenAfter and
+// a timeout (generously: the box is busy), answers take under 5 ms while
+// it is open, and after SIGCONT decisions come from Redis again within
+// 20 ms (a trial call is let through every 5 ms).
 func TestPausedRedisBounded(t *testing.T) {
 	srv := redistest.Start(t)
-	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: 30 * time.Millisecond, BreakerFailures: 3, ProbeInterval: 50 * time.Millisecond})
+	const timeout, openAfter = 30 * time.Millisecond, 150 * time.Millisecond
+	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: timeout, BreakerOpenAfter: openAfter, ProbeInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	ctx := context.Background()
-	s.Evaluate(ctx, hourCheck)
-	srv.Pause()
+	if _, err := s.Evaluate(ctx, hourCheck); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		start, end time.Time
+		err        error
+	}
+	var mu sync.Mutex
+	var results []result
+	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for range 8 {
+	for range 4 {
 		wg.Go(func() {
-			start := time.Now()
-			_, err := s.Evaluate(ctx, hourCheck)
-			if err == nil || time.Since(start) > 500*time.Millisecond {
-				t.Errorf("paused Redis: %v after %v", err, time.Since(start))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				start := time.Now()
+				_, err := s.Evaluate(ctx, hourCheck)
+				mu.Lock()
+				results = append(results, result{start, time.Now(), err})
+				mu.Unlock()
 			}
 		})
 	}
-	wg.Wait()
-	if !s.BreakerOpen() {
-		t.Error("breaker closed while Redis is paused")
+	time.Sleep(50 * time.Millisecond)
+	paused := time.Now()
+	srv.Pause()
+	var opened time.Time
+	for time.Since(paused) < 2*time.Second {
+		if opened.IsZero() && s.BreakerOpen() {
+			opened = time.Now()
+		}
+		time.Sleep(time.Millisecond)
 	}
 	srv.Resume()
-	deadline := time.Now().Add(2 * time.Second)
-	for s.BreakerOpen() && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	resumed := time.Now()
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if opened.IsZero() {
+		t.Fatal("breaker never opened during a 2 s stall")
 	}
+	if el := opened.Sub(paused); el < openAfter || el > openAfter+timeout+500*time.Millisecond {
+		t.Errorf("breaker opened %v after the stall began, want within %v + %v", el, openAfter, timeout)
+	}
+	var whileOpen []time.Duration
+	firstOK := time.Duration(-1)
+	for _, r := range results {
+		if r.err != nil && r.end.Sub(r.start) > 500*time.Millisecond {
+			t.Errorf("a call took %v with Redis paused", r.end.Sub(r.start))
+		}
+		if r.start.After(opened) && r.end.Before(resumed) && errors.Is(r.err, redisstore.ErrBreakerOpen) {
+			whileOpen = append(whileOpen, r.end.Sub(r.start))
+		}
+		if r.err == nil && r.end.After(resumed) && (firstOK < 0 || r.end.Sub(resumed) < firstOK) {
+			firstOK = r.end.Sub(resumed)
+		}
+		if r.err != nil && r.start.After(resumed.Add(250*time.Millisecond)) {
+			t.Errorf("a call started %v after SIGCONT failed: %v", r.start.Sub(resumed), r.err)
+		}
+	}
+	slices.Sort(whileOpen)
+	if len(whileOpen) == 0 || whileOpen[len(whileOpen)/2] > 5*time.Millisecond {
+		t.Errorf("while open: %d calls, median answer %v", len(whileOpen), whileOpen[len(whileOpen)/2])
+	}
+	t.Logf("breaker opened %v after the stall began; %d answers while open; first decision %v after SIGCONT",
+		opened.Sub(paused).Round(time.Millisecond), len(whileOpen), firstOK)
+	bound := 20 * time.Millisecond
+	if raceEnabled {
+		bound = 250 * time.Millisecond
+	}
+	if firstOK < 0 || firstOK > bound {
+		t.Errorf("first decision from Redis %v after SIGCONT, want within %v", firstOK, bound)
+	}
+}
+
+// TestSlowRoundTripKeepsBreakerClosed: one script call made slow (Redis
+// paused for 1.5 x the timeout, once) under 200 concurrent callers fails
+// the requests it carried, but one slow round trip is not a dead Redis:
+// the breaker stays closed, and every other request is decided by Redis.
+func TestSlowRoundTripKeepsBreakerClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	m := metrics.New("test")
+	const timeout = 50 * time.Millisecond
+	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: timeout, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
 	if _, err := s.Evaluate(ctx, hourCheck); err != nil {
-		t.Errorf("2 s after SIGCONT: %v", err)
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	classes := map[string]int{}
+	for i := range 200 {
+		wg.Go(func() {
+			check := []limit.Check{{Key: fmt.Sprint("slow", i), Limit: 1 << 30, WindowUS: 3600e6, Hits: 1}}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := s.Evaluate(ctx, check)
+				mu.Lock()
+				classes[redisstore.Classify(err)]++
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	srv.Pause()
+	time.Sleep(timeout * 3 / 2)
+	srv.Resume()
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	t.Logf("outcomes by class: %v", classes)
+	if got := testutil.ToFloat64(m.BreakerTrips); got != 0 {
+		t.Errorf("one slow round trip opened the breaker (%v trips)", got)
+	}
+	if n := classes[redisstore.ClassBreakerOpen]; n > 0 {
+		t.Errorf("%d requests answered by an open breaker", n)
+	}
+	if classes[""] == 0 {
+		t.Error("no request decided")
 	}
 }
 

@@ -1,0 +1,128 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+// TestShortStallsKeepLimiting is the hiccup once measured: 16 callers ask
+// back to back about a counter already over its limit while Redis is
+// stopped (SIGSTOP) for 70 ms every 400 ms, six times, with the default
+// store settings. A call may be answered by policy only when its own
+// round trip could not finish in its time: no call that starts 20 ms or
+// more after Redis resumed gets one, and a fresh counter asked four times
+// right after each resume gets exactly its limit. With the local
+// over-limit cache, the exhausted counter is never let through.
+func TestShortStallsKeepLimiting(t *testing.T) {
+	for _, cached := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cache=%v", cached), func(t *testing.T) {
+			srv := redistest.Start(t)
+			rs, err := redisstore.New(redisstore.Options{URL: srv.URL()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { rs.Close() })
+			var cache service.Cache
+			if cached {
+				cache = overlimitcache.New(1 << 20)
+			}
+			s := service.New(rules(t), rs, cache, service.Options{})
+			if err := rs.Ping(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				call(t, s, request(desc("user", "exhausted")))
+			}
+			type answer struct {
+				start time.Time
+				ok    bool
+			}
+			var mu sync.Mutex
+			var answers []answer
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			for range 16 {
+				wg.Go(func() {
+					for !stop.Load() {
+						start := time.Now()
+						r, err := s.ShouldRateLimit(context.Background(), request(desc("user", "exhausted")))
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						mu.Lock()
+						answers = append(answers, answer{start, r.GetOverallCode().String() == "OK"})
+						mu.Unlock()
+					}
+				})
+			}
+			var pauses, resumes []time.Time
+			freshOK := make([]int, 6)
+			for i := range 6 {
+				time.Sleep(330 * time.Millisecond)
+				pauses = append(pauses, time.Now())
+				srv.Pause()
+				time.Sleep(70 * time.Millisecond)
+				srv.Resume()
+				resumes = append(resumes, time.Now())
+				for range 4 {
+					r, err := s.ShouldRateLimit(context.Background(), request(desc("user", fmt.Sprint("fresh", i))))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if r.GetOverallCode().String() == "OK" {
+						freshOK[i]++
+					}
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+			stop.Store(true)
+			wg.Wait()
+
+			// A call may meet a stall if it started during one, or shortly
+			// before (its round trip then waits on the stopped Redis until
+			// the store's 50 ms timeout): only calls that started at least
+			// 20 ms after a resume and more than 60 ms before the next
+			// pause had a Redis able to answer them throughout.
+			pauses = append(pauses, time.Now().Add(time.Hour))
+			bound := 20 * time.Millisecond
+			if raceEnabled {
+				bound = 60 * time.Millisecond
+			}
+			oks, latest := 0, time.Duration(-1)
+			for _, a := range answers {
+				if !a.ok {
+					continue
+				}
+				oks++
+				for i, r := range resumes {
+					if !a.start.Before(r) && a.start.Before(pauses[i+1].Add(-60*time.Millisecond)) {
+						latest = max(latest, a.start.Sub(r))
+					}
+				}
+			}
+			t.Logf("%d answers for the exhausted counter, %d OK (%.1f%%); latest OK to a call with Redis answering throughout started %v after a resume; fresh counter OK per stall %v (limit 3 of 4)",
+				len(answers), oks, 100*float64(oks)/float64(max(len(answers), 1)), latest, freshOK)
+			if cached && oks > 0 {
+				t.Errorf("with the local cache, %d OK answers for an exhausted counter", oks)
+			}
+			if latest >= bound {
+				t.Errorf("an OK for the exhausted counter went to a call started %v after Redis resumed", latest)
+			}
+			for i, n := range freshOK {
+				if n != 3 {
+					t.Errorf("stall %d: the fresh counter got %d of 4 right after the resume, want exactly its limit 3", i, n)
+				}
+			}
+		})
+	}
+}
