@@ -3,11 +3,9 @@ package config
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
+	"github.com/ratelimitd/ratelimitd/internal/filewatch"
 )
 
 // DefaultDebounce is how long Watch waits after the last file event before
@@ -28,22 +26,11 @@ func Watch(ctx context.Context, paths []string, debounce time.Duration, lastHash
 	if debounce <= 0 {
 		debounce = DefaultDebounce
 	}
-	w, err := fsnotify.NewWatcher()
+	w, err := filewatch.New(paths)
 	if err != nil {
-		return fmt.Errorf("config: watch: %w", err)
+		return fmt.Errorf("config: %w", err)
 	}
 	defer w.Close()
-	for _, p := range paths {
-		dirs := []string{filepath.Dir(filepath.Clean(p))}
-		if st, err := os.Stat(p); err == nil && st.IsDir() {
-			dirs = append(dirs, p)
-		}
-		for _, d := range dirs {
-			if err := w.Add(d); err != nil {
-				return fmt.Errorf("config: watch %s: %w", d, err)
-			}
-		}
-	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()

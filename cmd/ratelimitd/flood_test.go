@@ -196,9 +196,12 @@ func testFlood(t *testing.T, reset bool) {
 		t.Errorf("server RSS %d MB, %d MB above where it started, 15 s after the slow reader left", after>>10, (after-base)>>10)
 	}
 	// Neither the prober (rule c) nor the flood (rule b) got a by-policy
-	// answer: a stream reset before its decision is not one.
+	// answer: a stream reset before its decision is not one. (Under the
+	// race detector the server runs ten times slower, and a Redis call
+	// can miss its 50 ms timeout on a busy box: the run without it
+	// asserts this.)
 	for _, rule := range []string{"e2e.b", "e2e.c"} {
-		if v := scrape(t, httpAddr, `ratelimitd_decisions_total{domain="e2e",outcome="fail_open",rule="`+rule+`"}`); v != "" {
+		if v := scrape(t, httpAddr, `ratelimitd_decisions_total{domain="e2e",outcome="fail_open",rule="`+rule+`"}`); v != "" && !raceEnabled {
 			t.Errorf("%s by-policy answers to %s beside the flood", v, rule)
 		}
 	}

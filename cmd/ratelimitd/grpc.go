@@ -1,10 +1,6 @@
 package main
 
 import (
-	"crypto/tls"
-	"crypto/x509"
-	"fmt"
-	"os"
 	"time"
 
 	"google.golang.org/grpc"
@@ -13,10 +9,11 @@ import (
 )
 
 // grpcServerOptions turns the settings into server options: TLS (and mTLS
-// with --grpc-client-ca), the message size bound, the streams one
+// with --grpc-client-ca) from the files in force, reloaded as they change
+// (see identity), the message size bound, the streams one
 // connection may have open at once, and keepalive rules that keep idle
 // Envoy connections alive but refuse pings more often than every 10 s.
-func grpcServerOptions(s *settings) ([]grpc.ServerOption, error) {
+func grpcServerOptions(s *settings, id *identity) []grpc.ServerOption {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(int(s.grpcMaxMessage)),
 		// Without a bound, a client that opens streams and never reads
@@ -33,24 +30,8 @@ func grpcServerOptions(s *settings) ([]grpc.ServerOption, error) {
 			MaxConnectionAge: 24 * time.Hour, MaxConnectionAgeGrace: time.Hour,
 		}),
 	}
-	if s.grpcTLSCert == "" {
-		return opts, nil
+	if id == nil {
+		return opts
 	}
-	cert, err := tls.LoadX509KeyPair(s.grpcTLSCert, s.grpcTLSKey)
-	if err != nil {
-		return nil, fmt.Errorf("--grpc-tls-cert/--grpc-tls-key: %w", err)
-	}
-	conf := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if s.grpcClientCA != "" {
-		pem, err := os.ReadFile(s.grpcClientCA)
-		if err != nil {
-			return nil, fmt.Errorf("--grpc-client-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--grpc-client-ca %s: no PEM certificate in it", s.grpcClientCA)
-		}
-		conf.ClientCAs, conf.ClientAuth = pool, tls.RequireAndVerifyClientCert
-	}
-	return append(opts, grpc.Creds(credentials.NewTLS(conf))), nil
+	return append(opts, grpc.Creds(credentials.NewTLS(id.serverConfig())))
 }

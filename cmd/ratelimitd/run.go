@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/filewatch"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
@@ -66,7 +67,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	m.ConfigLoaded(true, rules.Hash, rules.LoadedAt)
 	log.Info("rules loaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
 
-	store, closeStore, err := newStore(ctx, s, m, log)
+	grpcID, err := newIdentity("grpc", "--grpc-tls-cert", "--grpc-client-ca", s.grpcTLSCert, s.grpcTLSKey, s.grpcClientCA)
+	if err != nil {
+		return err
+	}
+	redisID, err := newIdentity("redis", "--redis-tls-cert", "--redis-tls-ca", s.redisTLSCert, s.redisTLSKey, s.redisTLSCA)
+	if err != nil {
+		return err
+	}
+	store, closeStore, err := newStore(ctx, s, redisID, m, log)
 	if err != nil {
 		return err
 	}
@@ -113,7 +122,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		svc.SetRules(rules)
 		log.Info("rules reloaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
 	}
-	reloaders.Go(func() { reloadOnHUP(reloadCtx, s.config, apply) })
+	var ids []*identity
+	for _, id := range []*identity{grpcID, redisID} {
+		if id != nil {
+			ids = append(ids, id)
+		}
+	}
+	reloadTLS := func(id *identity) {
+		if err := id.reload(); err != nil {
+			m.TLSReloaded(id.name, false)
+			log.Error("TLS files reload failed; keeping the certificates in force", "identity", id.name, "err", err)
+			return
+		}
+		m.TLSReloaded(id.name, true)
+		log.Info("TLS files reloaded; new connections use them", "identity", id.name)
+	}
+	reloaders.Go(func() {
+		onHUP(reloadCtx, func() {
+			apply(config.Load(s.config))
+			for _, id := range ids {
+				reloadTLS(id)
+			}
+		})
+	})
 	if s.watch {
 		reloaders.Go(func() {
 			if err := config.Watch(reloadCtx, []string{s.config}, 0, rules.Hash, apply); err != nil {
@@ -121,13 +152,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 			}
 		})
 	}
-
-	grpcOpts, err := grpcServerOptions(s)
-	if err != nil {
-		grpcLis.Close()
-		httpLis.Close()
-		return err
+	// Certificates are watched whatever --watch says: cert-manager and
+	// kubelet replace them under a running server.
+	for _, id := range ids {
+		reloaders.Go(func() {
+			err := filewatch.Watch(reloadCtx, id.files(), 0, func() { reloadTLS(id) },
+				func(err error) { log.Error("TLS files watch", "identity", id.name, "err", err) })
+			if err != nil {
+				log.Error("cannot watch the TLS files; reload with SIGHUP", "identity", id.name, "err", err)
+			}
+		})
 	}
+
+	grpcOpts := grpcServerOptions(s, grpcID)
 	if s.debugAddr != "" {
 		dbg, err := startDebug(s.debugAddr, log)
 		if err != nil {
@@ -157,7 +194,7 @@ func newLogger(s *settings, out io.Writer) *slog.Logger {
 // newStore returns the Redis store for --redis-url, or the embedded one.
 // A URL that does not parse is an error; a Redis that does not answer yet
 // is not: the service starts and uses it once it does.
-func newStore(ctx context.Context, s *settings, m *metrics.Metrics, log *slog.Logger) (service.Store, func(), error) {
+func newStore(ctx context.Context, s *settings, tlsID *identity, m *metrics.Metrics, log *slog.Logger) (service.Store, func(), error) {
 	if s.redisURL == "" {
 		log.Warn("no --redis-url: using the embedded in-memory store; limits are per process, not shared between instances")
 		return memstore.New(memstore.Options{}), func() {}, nil
@@ -177,13 +214,19 @@ func newStore(ctx context.Context, s *settings, m *metrics.Metrics, log *slog.Lo
 	if s.redisURLInArgs && redisstore.Redact(s.redisURL) != s.redisURL {
 		log.Warn("the Redis password is on the command line, where ps and /proc show it; give it with --redis-password-file or RATELIMITD_REDIS_URL instead")
 	}
-	rs, err := redisstore.New(redisstore.Options{
+	opts := redisstore.Options{
 		URL: s.redisURL, Password: password, Mode: s.redisMode, Timeout: s.redisTimeout, BreakerOpenAfter: s.breakerAfter,
-		TLSCA: s.redisTLSCA, TLSCert: s.redisTLSCert, TLSKey: s.redisTLSKey,
 		Metrics: m, Logger: log, Dispatchers: s.dispatchers,
-	})
+	}
+	if tlsID != nil && tlsID.certFile != "" {
+		opts.ClientCert = tlsID.clientCert
+	}
+	if tlsID != nil && tlsID.caFile != "" {
+		opts.RootCAs = tlsID.roots
+	}
+	rs, err := redisstore.New(opts)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("--redis-url: %w", err)
 	}
 	if err := rs.Ping(ctx); err != nil {
 		log.Warn("redis does not answer yet; answering by failure_mode until it does", "mode", rs.Mode(), "err", err)
@@ -193,9 +236,8 @@ func newStore(ctx context.Context, s *settings, m *metrics.Metrics, log *slog.Lo
 	return rs, func() { _ = rs.Close() }, nil
 }
 
-// reloadOnHUP loads the rules again on each SIGHUP and hands the result
-// to apply.
-func reloadOnHUP(ctx context.Context, path string, apply func(*config.Snapshot, error)) {
+// onHUP calls reload on each SIGHUP until ctx is done.
+func onHUP(ctx context.Context, reload func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -205,7 +247,7 @@ func reloadOnHUP(ctx context.Context, path string, apply func(*config.Snapshot, 
 			return
 		case <-hup:
 		}
-		apply(config.Load(path))
+		reload()
 	}
 }
 

@@ -150,6 +150,12 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, fmt.Errorf("--grpc-max-message-size must be at least 1024, got %d", s.grpcMaxMessage)
 	case s.redisURL == "" && (s.redisMode != "" || s.redisTLSCA != "" || s.redisTLSCert != "" || s.redisPassFile != ""):
 		return nil, errors.New("--redis-mode, --redis-password-file and --redis-tls-* need --redis-url")
+	case s.redisMode != "" && s.redisMode != redisstore.ModeSingle && s.redisMode != redisstore.ModeSentinel && s.redisMode != redisstore.ModeCluster:
+		return nil, fmt.Errorf("--redis-mode %q: want single, sentinel or cluster", s.redisMode)
+	case (s.redisTLSCert == "") != (s.redisTLSKey == ""):
+		return nil, errors.New("--redis-tls-cert and --redis-tls-key go together")
+	case (s.redisTLSCA != "" || s.redisTLSCert != "") && !strings.HasPrefix(s.redisURL, "rediss://"):
+		return nil, errors.New("--redis-tls-* need a rediss:// --redis-url")
 	case s.nearLimitRatio <= 0 || s.nearLimitRatio > 1:
 		return nil, fmt.Errorf("--near-limit-ratio must be in (0, 1], got %v", s.nearLimitRatio)
 	case s.drainDelay < 0:

@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -77,19 +75,17 @@ func healthcheck(ctx context.Context, args []string, out io.Writer) error {
 	}
 	creds := insecure.NewCredentials()
 	if *ca != "" {
-		pem, err := os.ReadFile(*ca)
+		pool, err := loadPool("--tls-ca", *ca)
 		if err != nil {
-			return fmt.Errorf("healthcheck: --tls-ca: %w", err)
+			return fmt.Errorf("healthcheck: %w", err)
 		}
-		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(pem)
 		conf := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 		if *cert != "" {
-			c, err := tls.LoadX509KeyPair(*cert, *key)
+			c, err := loadPair("--tls-cert", *cert, *key)
 			if err != nil {
-				return fmt.Errorf("healthcheck: --tls-cert: %w", err)
+				return fmt.Errorf("healthcheck: %w", err)
 			}
-			conf.Certificates = []tls.Certificate{c}
+			conf.Certificates = []tls.Certificate{*c}
 		}
 		creds = credentials.NewTLS(conf)
 	}

@@ -43,6 +43,7 @@ type Metrics struct {
 	BreakerTrips      prometheus.Counter
 	MaxmemoryPolicy   *prometheus.GaugeVec
 	ConfigReloads     *prometheus.CounterVec
+	TLSReloads        *prometheus.CounterVec
 	ConfigLastSuccess prometheus.Gauge
 	ConfigInfo        *prometheus.GaugeVec
 }
@@ -109,6 +110,10 @@ func New(version string) *Metrics {
 			Name: "ratelimitd_redis_maxmemory_policy",
 			Help: "1 for the maxmemory-policy Redis reports (per node on Cluster); anything but noeviction can evict counters.",
 		}, []string{"node", "policy"}),
+		TLSReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_tls_reloads_total",
+			Help: "Reloads of TLS certificate files by identity (grpc: the served pair and client CA; redis: the client pair and CA) and result; a failure keeps the files in force.",
+		}, []string{"identity", "result"}),
 		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_config_reloads_total",
 			Help: "Rules loads by result (success, failure).",
@@ -129,7 +134,7 @@ func New(version string) *Metrics {
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.RequestDuration,
 		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
-		m.MaxmemoryPolicy, m.ConfigReloads, m.ConfigLastSuccess, m.ConfigInfo, buildInfo)
+		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, buildInfo)
 	return m
 }
 
@@ -168,6 +173,17 @@ func (m *Metrics) RedisCall(d time.Duration, errClass string) {
 func (m *Metrics) InvalidRequest() {
 	if m != nil {
 		m.InvalidRequests.Inc()
+	}
+}
+
+// TLSReloaded counts a reload of an identity's TLS files.
+func (m *Metrics) TLSReloaded(identity string, ok bool) {
+	if m != nil {
+		result := "success"
+		if !ok {
+			result = "failure"
+		}
+		m.TLSReloads.WithLabelValues(identity, result).Inc()
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -36,16 +35,12 @@ func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *red
 			mode = ModeSentinel
 		}
 	}
-	tlsConf, err := tlsConfig(opts)
-	if err != nil {
-		return nil, nil, "", err
-	}
 	dial := min(time.Second, max(timeout, 100*time.Millisecond))
 	switch mode {
 	case ModeSingle:
 		o, err := redis.ParseURL(opts.URL)
 		if err != nil {
-			return nil, nil, "", urlError("parse --redis-url", opts.URL, err)
+			return nil, nil, "", urlError("parse the URL", opts.URL, err)
 		}
 		o.MaxRetries, o.ContextTimeoutEnabled, o.DisableIdentity = -1, true, true
 		o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout
@@ -53,14 +48,14 @@ func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *red
 		if opts.Password != "" {
 			o.Password = opts.Password
 		}
-		if o.TLSConfig, err = mergeTLS(o.TLSConfig, tlsConf); err != nil {
+		if o.TLSConfig, err = mergeTLS(o.TLSConfig, opts); err != nil {
 			return nil, nil, "", err
 		}
 		return redis.NewClient(o), nil, mode, nil
 	case ModeSentinel:
 		o, err := redis.ParseFailoverURL(opts.URL)
 		if err != nil {
-			return nil, nil, "", urlError("parse --redis-url for sentinel", opts.URL, err)
+			return nil, nil, "", urlError("parse the URL for sentinel", opts.URL, err)
 		}
 		o.MaxRetries, o.ContextTimeoutEnabled, o.DisableIdentity = -1, true, true
 		o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout
@@ -68,14 +63,14 @@ func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *red
 		if opts.Password != "" {
 			o.Password = opts.Password
 		}
-		if o.TLSConfig, err = mergeTLS(o.TLSConfig, tlsConf); err != nil {
+		if o.TLSConfig, err = mergeTLS(o.TLSConfig, opts); err != nil {
 			return nil, nil, "", err
 		}
 		return redis.NewFailoverClient(o), nil, mode, nil
 	case ModeCluster:
 		o, err := redis.ParseClusterURL(opts.URL)
 		if err != nil {
-			return nil, nil, "", urlError("parse --redis-url for cluster", opts.URL, err)
+			return nil, nil, "", urlError("parse the URL for cluster", opts.URL, err)
 		}
 		// MOVED and ASK are followed (MaxRedirects); go-redis also retries
 		// connection errors within that budget, bounded by the context,
@@ -87,58 +82,51 @@ func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *red
 		if opts.Password != "" {
 			o.Password = opts.Password
 		}
-		if o.TLSConfig, err = mergeTLS(o.TLSConfig, tlsConf); err != nil {
+		if o.TLSConfig, err = mergeTLS(o.TLSConfig, opts); err != nil {
 			return nil, nil, "", err
 		}
 		c := redis.NewClusterClient(o)
 		return c, c, mode, nil
 	}
-	return nil, nil, "", fmt.Errorf("redisstore: --redis-mode %q: want single, sentinel or cluster", mode)
+	return nil, nil, "", fmt.Errorf("redisstore: mode %q: want single, sentinel or cluster", mode)
 }
 
-// tlsConfig reads the CA and client certificate files, or returns nil
-// when none is set.
-func tlsConfig(opts Options) (*tls.Config, error) {
-	if opts.TLSCA == "" && opts.TLSCert == "" && opts.TLSKey == "" {
-		return nil, nil
-	}
-	conf := &tls.Config{MinVersion: tls.VersionTLS12}
-	if opts.TLSCA != "" {
-		pem, err := os.ReadFile(opts.TLSCA)
-		if err != nil {
-			return nil, fmt.Errorf("redisstore: --redis-tls-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("redisstore: --redis-tls-ca %s: no PEM certificate in it", opts.TLSCA)
-		}
-		conf.RootCAs = pool
-	}
-	if (opts.TLSCert == "") != (opts.TLSKey == "") {
-		return nil, errors.New("redisstore: --redis-tls-cert and --redis-tls-key go together")
-	}
-	if opts.TLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(opts.TLSCert, opts.TLSKey)
-		if err != nil {
-			return nil, fmt.Errorf("redisstore: --redis-tls-cert/--redis-tls-key: %w", err)
-		}
-		conf.Certificates = []tls.Certificate{cert}
-	}
-	return conf, nil
-}
+// tlsSettings reports whether opts hold TLS settings of their own.
+func tlsSettings(opts Options) bool { return opts.ClientCert != nil || opts.RootCAs != nil }
 
-// mergeTLS adds the files' settings to the URL's TLS config (rediss://
-// sets one, with the server name).
-func mergeTLS(fromURL, files *tls.Config) (*tls.Config, error) {
-	if files == nil {
+// mergeTLS adds the options' client certificate and CAs to the URL's TLS
+// config (rediss:// sets one, with the server name). The certificate and
+// CAs are asked for at each handshake; the server is then verified here,
+// against the CAs in force and the URL's server name, since crypto/tls
+// cannot change RootCAs under a live config.
+func mergeTLS(fromURL *tls.Config, opts Options) (*tls.Config, error) {
+	if !tlsSettings(opts) {
 		return fromURL, nil
 	}
 	if fromURL == nil {
-		return nil, errors.New("redisstore: --redis-tls-* need a rediss:// URL")
+		return nil, errors.New("redisstore: TLS certificates need a rediss:// URL")
 	}
-	fromURL.RootCAs, fromURL.Certificates = files.RootCAs, files.Certificates
-	if fromURL.MinVersion < tls.VersionTLS12 {
-		fromURL.MinVersion = tls.VersionTLS12
+	c := fromURL.Clone()
+	if c.MinVersion < tls.VersionTLS12 {
+		c.MinVersion = tls.VersionTLS12
 	}
-	return fromURL, nil
+	if opts.ClientCert != nil {
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return opts.ClientCert(), nil }
+	}
+	if opts.RootCAs != nil {
+		name := c.ServerName
+		c.InsecureSkipVerify = true // replaced by VerifyConnection, which runs on every handshake
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("redisstore: Redis sent no certificate")
+			}
+			v := x509.VerifyOptions{Roots: opts.RootCAs(), DNSName: name, Intermediates: x509.NewCertPool()}
+			for _, ic := range cs.PeerCertificates[1:] {
+				v.Intermediates.AddCert(ic)
+			}
+			_, err := cs.PeerCertificates[0].Verify(v)
+			return err
+		}
+	}
+	return c, nil
 }

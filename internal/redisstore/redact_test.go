@@ -41,8 +41,8 @@ func TestURLErrorsHideSecrets(t *testing.T) {
 			if strings.Contains(err.Error(), "SECRET") {
 				t.Errorf("New(%q, mode %q) error holds the secret: %v", u, mode, err)
 			}
-			if !strings.Contains(err.Error(), "--redis-url") {
-				t.Errorf("New(%q, mode %q) error does not name --redis-url: %v", u, mode, err)
+			if !strings.Contains(err.Error(), "URL") {
+				t.Errorf("New(%q, mode %q) error does not name the URL: %v", u, mode, err)
 			}
 		}
 	}

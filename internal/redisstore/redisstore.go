@@ -8,6 +8,8 @@ package redisstore
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"embed"
 	"errors"
 	"fmt"
@@ -53,10 +55,13 @@ type Options struct {
 	// connection. Zero means DefaultTimeout; a shorter deadline on the
 	// caller's context always wins.
 	Timeout time.Duration
-	// TLSCA, TLSCert and TLSKey are PEM files: the CA that signs Redis's
-	// certificate, and a client certificate and key for Redis's
-	// tls-auth-clients. They need a rediss:// URL.
-	TLSCA, TLSCert, TLSKey string
+	// ClientCert, when set, returns the client certificate to present to
+	// Redis (tls-auth-clients), and RootCAs the CAs that sign Redis's
+	// certificate; both are asked at every new connection, so that files
+	// rotated on disk take effect without a restart. They need a
+	// rediss:// URL. Nil RootCAs means the system's roots.
+	ClientCert func() *tls.Certificate
+	RootCAs    func() *x509.CertPool
 	// BreakerFailures is the least number of failed round trips (script
 	// calls that timed out or lost their connection) that opens the
 	// breaker, with BreakerOpenAfter. Zero means DefaultBreakerFailures.

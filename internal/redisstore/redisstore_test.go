@@ -30,8 +30,8 @@ func newStore(t *testing.T, srv *redistest.Server, now func() time.Time) *rediss
 
 func TestBadURL(t *testing.T) {
 	for _, u := range []string{"http://x", "redis://h:notaport", "://"} {
-		if _, err := redisstore.New(redisstore.Options{URL: u}); err == nil || !strings.Contains(err.Error(), "--redis-url") {
-			t.Errorf("New(%q) error = %v, want a --redis-url error", u, err)
+		if _, err := redisstore.New(redisstore.Options{URL: u}); err == nil || !strings.Contains(err.Error(), "parse the URL") {
+			t.Errorf("New(%q) error = %v, want a URL error", u, err)
 		}
 	}
 	for _, u := range []string{"redis://127.0.0.1:1/0", "rediss://u:p@127.0.0.1:1", "unix:///tmp/nowhere.sock"} {

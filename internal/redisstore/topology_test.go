@@ -3,6 +3,8 @@ package redisstore_test
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"slices"
 	"strings"
@@ -16,11 +18,19 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
 
+// tlsFiles loads the test CA and client pair as the options' functions.
+func tlsFiles(t *testing.T, certs *redistest.Certs) (func() *tls.Certificate, func() *x509.CertPool) {
+	t.Helper()
+	conf := certs.ClientTLS()
+	return func() *tls.Certificate { return &conf.Certificates[0] }, func() *x509.CertPool { return conf.RootCAs }
+}
+
 func TestTLS(t *testing.T) {
 	certs := redistest.NewCerts(t)
 	srv := redistest.StartTLS(t, certs)
 	url := "rediss://" + srv.Addr()
-	s, err := redisstore.New(redisstore.Options{URL: url, Timeout: time.Second, TLSCA: certs.CA, TLSCert: certs.ClientCert, TLSKey: certs.ClientKey})
+	cert, roots := tlsFiles(t, certs)
+	s, err := redisstore.New(redisstore.Options{URL: url, Timeout: time.Second, ClientCert: cert, RootCAs: roots})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +39,7 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("over TLS: %+v, %v", r, err)
 	}
 	// Without the client certificate Redis refuses the handshake.
-	noCert, err := redisstore.New(redisstore.Options{URL: url, Timeout: time.Second, TLSCA: certs.CA})
+	noCert, err := redisstore.New(redisstore.Options{URL: url, Timeout: time.Second, RootCAs: roots})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +47,27 @@ func TestTLS(t *testing.T) {
 	if _, err := noCert.Evaluate(context.Background(), hourCheck); err == nil {
 		t.Error("a client without certificate was served")
 	}
-	if _, err := redisstore.New(redisstore.Options{URL: "redis://" + srv.Addr(), TLSCA: certs.CA}); err == nil || !strings.Contains(err.Error(), "need a rediss:// URL") {
+	// A server signed by another CA is refused: the verification that
+	// replaces crypto/tls's checks the chain.
+	_, otherRoots := tlsFiles(t, redistest.NewCerts(t))
+	other, err := redisstore.New(redisstore.Options{URL: url, Timeout: time.Second, ClientCert: cert, RootCAs: otherRoots})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Evaluate(context.Background(), hourCheck); err == nil {
+		t.Error("a Redis certificate from an unknown CA was accepted")
+	}
+	// And the name: the certificate is for 127.0.0.1 and localhost.
+	wrongName, err := redisstore.New(redisstore.Options{URL: "rediss://" + strings.Replace(srv.Addr(), "127.0.0.1", "127.0.0.2", 1), Timeout: time.Second, ClientCert: cert, RootCAs: roots})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrongName.Close()
+	if _, err := wrongName.Evaluate(context.Background(), hourCheck); err == nil {
+		t.Error("a Redis certificate for another name was accepted")
+	}
+	if _, err := redisstore.New(redisstore.Options{URL: "redis://" + srv.Addr(), RootCAs: roots}); err == nil || !strings.Contains(err.Error(), "need a rediss:// URL") {
 		t.Errorf("TLS files with redis:// = %v", err)
 	}
 }
@@ -58,7 +88,7 @@ func TestModeFromURL(t *testing.T) {
 		}
 		s.Close()
 	}
-	if _, err := redisstore.New(redisstore.Options{URL: "redis://x", Mode: "ring"}); err == nil || !strings.Contains(err.Error(), `--redis-mode "ring"`) {
+	if _, err := redisstore.New(redisstore.Options{URL: "redis://x", Mode: "ring"}); err == nil || !strings.Contains(err.Error(), `mode "ring"`) {
 		t.Errorf("bad mode: %v", err)
 	}
 }
