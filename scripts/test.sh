@@ -17,6 +17,6 @@ go vet ./...
 go test -race -count=1 ./...
 # The race detector multiplies memory and time: the tests of resource
 # bounds and of recovery within 20 ms assert them only in this second
-# run, without it.
-go test -count=1 -run 'TestBombsBounded|TestHotReloadBombs|TestCheckConfigBombs|TestSlowReaderBounded|TestPausedRedisBounded|TestShortStallsKeepLimiting' \
+# run, without it, one package at a time.
+go test -p 1 -count=1 -run 'TestBombsBounded|TestHotReloadBombs|TestCheckConfigBombs|TestSlowReaderBounded|TestPausedRedisBounded|TestShortStallsKeepLimiting' \
 	./config ./cmd/ratelimitd ./internal/redisstore ./internal/service

@@ -20,6 +20,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"go.uber.org/goleak"
+
 	"github.com/ratelimitd/ratelimitd/internal/rulestest"
 )
 
@@ -148,13 +150,15 @@ func TestHotReloadBombs(t *testing.T) {
 }
 
 // TestMain lets a test run this binary as ratelimitd itself (see
-// runMain), to observe what only a process shows: its peak RSS, signals.
+// mainCommand), to observe what only a process shows: its peak RSS,
+// signals. Otherwise it runs the tests and fails them if any goroutine
+// outlives them: every goroutine run starts must end when it returns.
 func TestMain(m *testing.M) {
 	if os.Getenv("RATELIMITD_TEST_AS_MAIN") == "1" {
 		main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 // mainCommand is ratelimitd with args, run as its own process.

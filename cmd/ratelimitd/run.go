@@ -166,13 +166,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 
 	grpcOpts := grpcServerOptions(s, grpcID)
 	if s.debugAddr != "" {
-		dbg, err := startDebug(s.debugAddr, log)
+		stopDebug, err := startDebug(s.debugAddr, log)
 		if err != nil {
 			grpcLis.Close()
 			httpLis.Close()
 			return err
 		}
-		defer dbg.Close()
+		defer stopDebug()
 	}
 	srv := server.New(svc, server.Options{
 		GRPCOptions: grpcOpts,
@@ -273,8 +273,9 @@ func cmdline(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprint(w, strings.Join(args, "\x00"))
 }
 
-// startDebug serves pprof on addr until the returned server is closed.
-func startDebug(addr string, log *slog.Logger) (*http.Server, error) {
+// startDebug serves pprof on addr until the returned stop is called,
+// which closes the server and waits for its goroutine.
+func startDebug(addr string, log *slog.Logger) (stop func(), err error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--debug-addr: %w", err)
@@ -286,11 +287,15 @@ func startDebug(addr string, log *slog.Logger) (*http.Server, error) {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
+	var wg sync.WaitGroup
+	wg.Go(func() {
 		if err := srv.Serve(lis); err != nil && err != http.ErrServerClosed {
 			log.Error("debug server stopped", "err", err)
 		}
-	}()
+	})
 	log.Info("pprof on --debug-addr", "addr", lis.Addr().String())
-	return srv, nil
+	return func() {
+		_ = srv.Close()
+		wg.Wait()
+	}, nil
 }

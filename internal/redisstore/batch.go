@@ -104,30 +104,75 @@ func (s *Store) enqueue(ctx context.Context, c *call) error {
 	if err != nil {
 		return err
 	}
-	// Calls are offered under the read lock, and a batcher retires under
-	// the write lock only with its queue empty: no call lands in a
-	// retired queue.
-	s.nodesMu.RLock()
-	if b := s.nodes[node]; b != nil {
+	return s.nodes.offer(node, c, func() *batcher { return s.newBatcher(node, node) })
+}
+
+// registry holds a Cluster store's batchers, one per master client. Calls
+// are offered under its read lock, and a batcher retires under its write
+// lock only with its queue empty: no call lands in a retired queue.
+type registry struct {
+	mu     sync.RWMutex
+	m      map[*redis.Client]*batcher
+	closed bool
+}
+
+// offer queues c in node's batcher, made by newB when node has none.
+func (r *registry) offer(node *redis.Client, c *call, newB func() *batcher) error {
+	r.mu.RLock()
+	if b := r.m[node]; b != nil {
 		err := offer(b, c)
-		s.nodesMu.RUnlock()
+		r.mu.RUnlock()
 		return err
 	}
-	s.nodesMu.RUnlock()
-	s.nodesMu.Lock()
-	defer s.nodesMu.Unlock()
-	if s.closed {
+	r.mu.RUnlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
 		return redis.ErrClosed
 	}
-	b := s.nodes[node]
+	b := r.m[node]
 	if b == nil {
-		if s.nodes == nil {
-			s.nodes = map[*redis.Client]*batcher{}
+		if r.m == nil {
+			r.m = map[*redis.Client]*batcher{}
 		}
-		b = s.newBatcher(node, node)
-		s.nodes[node] = b
+		b = newB()
+		r.m[node] = b
 	}
 	return offer(b, c)
+}
+
+// retire removes an idle batcher, unless a call has just been queued in
+// it, and reports whether b is retired.
+func (r *registry) retire(b *batcher) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-b.quit:
+		return true
+	default:
+	}
+	if len(b.queue) > 0 {
+		return false
+	}
+	if r.m[b.node] == b {
+		delete(r.m, b.node)
+	}
+	close(b.quit)
+	return true
+}
+
+// close makes no batcher after it.
+func (r *registry) close() {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+}
+
+// len returns the number of batchers.
+func (r *registry) len() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return len(r.m)
 }
 
 // offer queues c in b unless the queue is full.
@@ -183,7 +228,7 @@ func (s *Store) dispatch(b *batcher) {
 		case <-b.quit:
 			return
 		case <-idle:
-			if s.retire(b) {
+			if s.nodes.retire(b) {
 				return
 			}
 			timer.Reset(s.nodeIdle)
@@ -208,26 +253,6 @@ func (s *Store) dispatch(b *batcher) {
 			timer.Reset(s.nodeIdle)
 		}
 	}
-}
-
-// retire removes an idle Cluster batcher, unless a call has just been
-// queued in it, and reports whether b is retired.
-func (s *Store) retire(b *batcher) bool {
-	s.nodesMu.Lock()
-	defer s.nodesMu.Unlock()
-	select {
-	case <-b.quit:
-		return true
-	default:
-	}
-	if len(b.queue) > 0 {
-		return false
-	}
-	if s.nodes[b.node] == b {
-		delete(s.nodes, b.node)
-	}
-	close(b.quit)
-	return true
 }
 
 // send runs one batch as one script call (one per slot on Cluster),
@@ -355,8 +380,9 @@ func (s *Store) sendSlots(ctx context.Context, b *batcher, live []*call) {
 
 // isRedirect reports a Cluster redirection: the slot is served elsewhere.
 func isRedirect(err error) bool {
-	msg := err.Error()
-	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ")
+	_, moved := redis.IsMovedError(err)
+	_, ask := redis.IsAskError(err)
+	return moved || ask
 }
 
 // refusedWhole reports an error reply that Redis gives before running a
@@ -364,8 +390,8 @@ func isRedirect(err error) bool {
 // may not touch. Nothing ran, so each request can be asked again alone.
 // (A NOPERM for the command itself would refuse every request alike.)
 func refusedWhole(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "NOPERM") && strings.Contains(rerr.Error(), "keys")
+	// go-redis tells a NOPERM apart; which kind it is, only its text says.
+	return redis.IsPermissionError(err) && strings.Contains(err.Error(), "keys")
 }
 
 // runAlone sends each call of a refused batch as its own script call,

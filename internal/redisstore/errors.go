@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"strings"
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
@@ -50,18 +49,26 @@ func Classify(err error) string {
 	if errors.Is(err, errQueueFull) {
 		return ClassOverload
 	}
+	// go-redis's own helpers, which see through wrapping; the script's
+	// per-request errors (scriptError) are Redis errors to them too.
+	switch {
+	case redis.IsNoReplicasError(err):
+		return ClassNoReplicas
+	case redis.IsOOMError(err):
+		return ClassOOM
+	case redis.IsReadOnlyError(err):
+		return ClassReadOnly
+	case redis.IsLoadingError(err):
+		return ClassLoading
+	case redis.IsClusterDownError(err):
+		return ClassClusterDown
+	case redis.IsMasterDownError(err):
+		return ClassMasterDown
+	case redis.HasErrorPrefix(err, "BUSY"):
+		return ClassBusy
+	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
-		msg := rerr.Error()
-		for _, c := range []struct{ prefix, class string }{
-			{"NOREPLICAS", ClassNoReplicas}, {"OOM", ClassOOM}, {"READONLY", ClassReadOnly},
-			{"LOADING", ClassLoading}, {"CLUSTERDOWN", ClassClusterDown}, {"MASTERDOWN", ClassMasterDown},
-			{"BUSY", ClassBusy},
-		} {
-			if strings.HasPrefix(msg, c.prefix) {
-				return c.class
-			}
-		}
 		return ClassOther
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
@@ -71,7 +78,7 @@ func Classify(err error) string {
 	if errors.As(err, &nerr) && nerr.Timeout() {
 		return ClassTimeout
 	}
-	if strings.Contains(err.Error(), "pool timeout") || strings.Contains(err.Error(), "i/o timeout") {
+	if errors.Is(err, redis.ErrPoolTimeout) {
 		return ClassTimeout
 	}
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) ||

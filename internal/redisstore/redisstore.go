@@ -10,13 +10,9 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"embed"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,9 +22,6 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
-
-//go:embed scripts/*.lua
-var scriptFS embed.FS
 
 // Defaults of [Options].
 const (
@@ -111,10 +104,8 @@ type Store struct {
 	// masters, made as calls reach them.
 	dispatchers int
 	single      *batcher
-	nodesMu     sync.RWMutex
-	nodes       map[*redis.Client]*batcher
+	nodes       registry
 	nodeIdle    time.Duration
-	closed      bool
 	reloads     atomic.Int64
 	done        chan struct{}
 	wg          sync.WaitGroup
@@ -290,150 +281,6 @@ func (s *Store) eval(ctx context.Context, deadline time.Time, checks []limit.Che
 	return out, nil
 }
 
-// nowArg is the script's first argument: "0" (read Redis TIME) except
-// in tests with a scripted clock.
-func (s *Store) nowArg() string {
-	if s.now != nil {
-		return strconv.FormatInt(s.now().UnixMicro(), 10)
-	}
-	return "0"
-}
-
-// run evaluates the script once for one or more requests, reloading it
-// on NOSCRIPT, and returns the flat reply: three values per key.
-func (s *Store) run(ctx context.Context, reqs [][]limit.Check) ([]any, error) {
-	return s.runOn(ctx, s.client, reqs)
-}
-
-// runOn is run on a given client: the store's, or one Cluster master's.
-func (s *Store) runOn(ctx context.Context, c redis.Scripter, reqs [][]limit.Check) ([]any, error) {
-	keys, args, err := s.scriptArgs(reqs)
-	if err != nil {
-		return nil, err
-	}
-	res, err := s.script.EvalSha(ctx, c, keys, args...).Result()
-	if err != nil && isNoScript(err) {
-		s.reloads.Add(1)
-		s.m.ScriptReload()
-		res, err = s.script.Eval(ctx, c, keys, args...).Result()
-	}
-	return checkReply(res, err, len(keys))
-}
-
-// scriptArgs lays requests out as the script's keys and arguments: the
-// requests' distinct rules go once each, and every key refers to its rule
-// in one number with its hits and flags (see scripts/decide.lua), which
-// leaves room for 2^18 rules per call; the dispatcher keeps a batch far
-// below that (maxBatchKeys), and a single request beyond it is refused.
-func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
-	nkeys := 0
-	for _, r := range reqs {
-		nkeys += len(r)
-	}
-	keys := make([]string, 0, nkeys)
-	var rules []rule
-	// A call usually holds a few rules, found faster by a scan than in a
-	// map; request overrides can make every key's rule distinct, and the
-	// scan would then be quadratic in the batch.
-	var index map[rule]int
-	perKey := make([]any, 0, nkeys)
-	for _, r := range reqs {
-		for _, c := range r {
-			keys = append(keys, c.Key)
-			ru := rule{c.Limit, c.WindowUS, c.Algorithm, c.Burst}
-			q := -1
-			if index == nil {
-				q = slices.Index(rules, ru)
-			} else if i, ok := index[ru]; ok {
-				q = i
-			}
-			if q < 0 {
-				q = len(rules)
-				rules = append(rules, ru)
-				if index != nil {
-					index[ru] = q
-				} else if len(rules) > scanRules {
-					index = make(map[rule]int, nkeys)
-					for i, r := range rules {
-						index[r] = i
-					}
-				}
-			}
-			if q >= maxRules {
-				return nil, nil, fmt.Errorf("redisstore: more than %d distinct limits in one script call", maxRules)
-			}
-			flags := 0
-			if c.Refund {
-				flags |= 1
-			}
-			if c.NoVeto {
-				flags |= 2
-			}
-			perKey = append(perKey, c.SaturatedHits()<<20|uint64((q+1)*4+flags))
-		}
-	}
-	args := make([]any, 0, 3+len(reqs)+4*len(rules)+len(perKey))
-	args = append(args, s.nowArg(), len(reqs))
-	for _, r := range reqs {
-		args = append(args, len(r))
-	}
-	args = append(args, len(rules))
-	for _, ru := range rules {
-		args = append(args, ru.limit, ru.windowUS, uint8(ru.algorithm), ru.burst)
-	}
-	return keys, append(args, perKey...), nil
-}
-
-// maxRules bounds the distinct rules of one script call (see scriptArgs);
-// beyond scanRules, scriptArgs finds them through a map.
-const (
-	maxRules  = 1<<18 - 1
-	scanRules = 8
-)
-
-// checkReply returns the script's flat reply for nkeys keys.
-func checkReply(res any, err error, nkeys int) ([]any, error) {
-	if err != nil {
-		return nil, err
-	}
-	vals, ok := res.([]any)
-	if !ok || len(vals) != 3*nkeys {
-		return nil, fmt.Errorf("unexpected reply %v", res)
-	}
-	return vals, nil
-}
-
-// rule is what the script needs to know of a check besides its key, hits
-// and flags; checks of one rule share it within a call.
-type rule struct {
-	limit     uint64
-	windowUS  int64
-	algorithm limit.Algorithm
-	burst     uint64
-}
-
-// scriptError is a Redis error reply that ended one request inside a
-// script call (WRONGTYPE, OOM, NOREPLICAS, ...).
-type scriptError string
-
-func (e scriptError) Error() string { return string(e) }
-
-// RedisError marks it as a Redis error reply, for Classify.
-func (scriptError) RedisError() {}
-
-// splitReply returns the n keys' values starting at key k0, or the error
-// the script reported for that request.
-func splitReply(vals []any, k0, n int) ([]any, error) {
-	part := vals[3*k0 : 3*(k0+n)]
-	if n > 0 {
-		if flag, _ := part[0].(int64); flag == -1 {
-			msg, _ := part[1].(string)
-			return nil, scriptError(msg)
-		}
-	}
-	return part, nil
-}
-
 // ScriptReloads returns how many times the script had to be sent again
 // because Redis had lost it (NOSCRIPT: a restart, SCRIPT FLUSH, failover).
 func (s *Store) ScriptReloads() int64 { return s.reloads.Load() }
@@ -446,17 +293,11 @@ func (s *Store) BreakerOpen() bool { return s.breaker.isOpen() }
 func (s *Store) Close() error {
 	var err error
 	s.closeMu.Do(func() {
-		s.nodesMu.Lock()
-		s.closed = true
-		s.nodesMu.Unlock()
+		s.nodes.close()
 		close(s.done)
 		s.breaker.stop()
 		s.wg.Wait()
 		err = s.client.Close()
 	})
 	return err
-}
-
-func isNoScript(err error) bool {
-	return strings.HasPrefix(err.Error(), "NOSCRIPT")
 }

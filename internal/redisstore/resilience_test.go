@@ -145,6 +145,12 @@ func TestPausedRedisBounded(t *testing.T) {
 	}
 	srv.Resume()
 	resumed := time.Now()
+	// On a busy box the stopped process takes a while to run again: the
+	// bound is from when Redis answers a client of its own.
+	answering := srv.Client()
+	for answering.Ping(ctx).Err() != nil {
+	}
+	answered := time.Now()
 	time.Sleep(200 * time.Millisecond)
 	close(stop)
 	wg.Wait()
@@ -163,8 +169,8 @@ func TestPausedRedisBounded(t *testing.T) {
 		if r.start.After(opened) && r.end.Before(resumed) && errors.Is(r.err, redisstore.ErrBreakerOpen) {
 			whileOpen = append(whileOpen, r.end.Sub(r.start))
 		}
-		if r.err == nil && r.end.After(resumed) && (firstOK < 0 || r.end.Sub(resumed) < firstOK) {
-			firstOK = r.end.Sub(resumed)
+		if r.err == nil && r.end.After(resumed) && (firstOK < 0 || r.end.Sub(answered) < firstOK) {
+			firstOK = r.end.Sub(answered)
 		}
 		if r.err != nil && r.start.After(resumed.Add(250*time.Millisecond)) {
 			t.Errorf("a call started %v after SIGCONT failed: %v", r.start.Sub(resumed), r.err)
@@ -174,14 +180,14 @@ func TestPausedRedisBounded(t *testing.T) {
 	if len(whileOpen) == 0 || whileOpen[len(whileOpen)/2] > 5*time.Millisecond {
 		t.Errorf("while open: %d calls, median answer %v", len(whileOpen), whileOpen[len(whileOpen)/2])
 	}
-	t.Logf("breaker opened %v after the stall began; %d answers while open; first decision %v after SIGCONT",
-		opened.Sub(paused).Round(time.Millisecond), len(whileOpen), firstOK)
+	t.Logf("breaker opened %v after the stall began; %d answers while open; Redis answering %v after SIGCONT, the store deciding %v after that",
+		opened.Sub(paused).Round(time.Millisecond), len(whileOpen), answered.Sub(resumed), firstOK)
 	bound := 20 * time.Millisecond
 	if raceEnabled {
 		bound = 250 * time.Millisecond
 	}
 	if firstOK < 0 || firstOK > bound {
-		t.Errorf("first decision from Redis %v after SIGCONT, want within %v", firstOK, bound)
+		t.Errorf("first decision from Redis %v after Redis answered again, want within %v", firstOK, bound)
 	}
 }
 

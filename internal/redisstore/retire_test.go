@@ -19,9 +19,7 @@ func TestNodeBatcherRetires(t *testing.T) {
 	s.nodeIdle = 100 * time.Millisecond // before any batcher exists
 	ctx := context.Background()
 	count := func() int {
-		s.nodesMu.RLock()
-		defer s.nodesMu.RUnlock()
-		return len(s.nodes)
+		return s.nodes.len()
 	}
 	check := []limit.Check{{Key: "retire", Limit: 10, WindowUS: 3600e6, Hits: 1}}
 	before := runtime.NumGoroutine()

@@ -35,6 +35,7 @@ func newService(t *testing.T) *service.Service {
 
 func TestJSON(t *testing.T) {
 	srv := New(newService(t), Options{})
+	t.Cleanup(srv.grpc.Stop) // never served: its stream workers still run
 	h := srv.httpHandler()
 	tests := []struct {
 		name       string

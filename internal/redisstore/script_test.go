@@ -1,0 +1,53 @@
+package redisstore
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+// TestScriptArgsGolden pins how requests are encoded for decide.lua (its
+// header documents the layout): a change to the encoding must show here,
+// and in the script, together.
+func TestScriptArgsGolden(t *testing.T) {
+	reqs := [][]limit.Check{
+		{
+			{Key: "a", Limit: 5, WindowUS: 60e6, Hits: 1},
+			{Key: "b", Limit: 10, WindowUS: 1e6, Hits: 3, Algorithm: limit.SlidingWindow, NoVeto: true},
+		},
+		{
+			{Key: "c", Limit: 5, WindowUS: 60e6, Hits: 2, Refund: true},
+			{Key: "d", Limit: 7, WindowUS: 3600e6, Hits: 0, Algorithm: limit.TokenBucket, Burst: 20},
+			{Key: "e", Limit: 5, WindowUS: 60e6, Hits: 1 << 40}, // saturates at limit.MaxHits
+		},
+	}
+	keys, args, err := (&Store{}).scriptArgs(reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "KEYS %s\n", strings.Join(keys, " "))
+	for i, a := range args {
+		fmt.Fprintf(&b, "ARGV[%d] %v\n", i+1, a)
+	}
+	golden := filepath.Join("testdata", "script_args.golden")
+	if *update {
+		if err := os.WriteFile(golden, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with -update to write it)", err)
+	}
+	if got := b.String(); got != string(want) {
+		t.Errorf("script arguments changed:\n%s\nwant:\n%s", got, want)
+	}
+}
