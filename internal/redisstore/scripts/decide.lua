@@ -44,8 +44,27 @@ if ARGV[1] == '0' then
 else
   now = tonumber(ARGV[1])
 end
+-- GRACE mirrors limit.GraceUS: how long a key outlives the moment its
+-- state stops mattering (the state, never the TTL, decides).
 local GRACE = 1000000
+-- The packed per-key argument (see the header and redisstore's
+-- script.go): HITS_UNIT is 2^20, the place of the hits; below it the rule
+-- (1-based) times RULE_UNIT, plus the flags.
+local HITS_UNIT, RULE_UNIT = 1048576, 4
+local FLAG_REFUND, FLAG_NO_VETO = 1, 2
 local floor, format, match = math.floor, string.format, string.match
+-- Invariants the code below relies on:
+-- * Every window is a whole number of seconds (units are; multipliers are
+--   whole), so w / 1000000 below is an exact integer.
+-- * Every number is an integer below 2^53, exact in a double: times in us
+--   (the rules bound windows to 100 years and a bucket's capacity to
+--   2^52 us), counts and limits below 2^32, hits at most 2^32.
+-- * A request writes nothing until all its keys are read and decided, and
+--   Redis refuses a script's writes (NOREPLICAS, OOM) on a condition that
+--   cannot change while the script runs (OOM is checked at its first write
+--   only, to keep scripts atomic): once one write of a request succeeded,
+--   the rest do. So an error inside pcall comes at a request's first write,
+--   before anything of it is written, and no request is left half-written.
 
 -- Exact floor division of non-negative integers below 2^53: a double
 -- quotient can round up across an integer.
@@ -108,9 +127,10 @@ local function decide(k0, n)
   for i = 1, n do
     local k = k0 + i
     local v = tonumber(ARGV[A0 + k - 1])
-    local h = floor(v / 1048576)
-    local rf = v - h * 1048576
-    local q, f = floor(rf / 4), rf % 4
+    local h = floor(v / HITS_UNIT)
+    local rf = v - h * HITS_UNIT
+    local q, f = floor(rf / RULE_UNIT), rf % RULE_UNIT
+    local refund, veto = f % 2 == FLAG_REFUND, f < FLAG_NO_VETO
     local raw
     if vals then
       raw = written[KEYS[k]]
@@ -124,7 +144,7 @@ local function decide(k0, n)
     local a, c, p, o = alg[q], 0, 0, false
     if a == 0 then
       if raw then c = tonumber(match(raw, pat[q]) or 0) end
-      o = f % 2 == 0 and c + h > lim[q]
+      o = not refund and c + h > lim[q]
     elseif a == 1 then
       if raw then
         local sc, sp = match(raw, pat[q])
@@ -134,14 +154,14 @@ local function decide(k0, n)
           p = tonumber(match(raw, ppat[q]) or 0)
         end
       end
-      o = f % 2 == 0 and c + idiv(p * ppm[q], 1000000) + h > lim[q]
+      o = not refund and c + idiv(p * ppm[q], 1000000) + h > lim[q]
     else
       c = now
       if raw and match(raw, '^%d+$') then
         local t = tonumber(raw)
         if t > now then c = t end
       end
-      if f % 2 == 0 then
+      if not refund then
         if lim[q] == 0 then
           o = h > 0
         else
@@ -151,12 +171,12 @@ local function decide(k0, n)
       end
     end
     qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i] = q, h, f, raw, c, p, o
-    if o and f < 2 then admitted = false end
+    if o and veto then admitted = false end
   end
 
   for i = 1, n do
     local k, q, h, f, raw, c, p, o = k0 + i, qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i]
-    local refund = f % 2 == 1
+    local refund = f % 2 == FLAG_REFUND
     local consume = admitted and not o and not refund
     local a, l = alg[q], lim[q]
     local remaining, reset, val, ex = 0, 0, nil, nil
