@@ -11,18 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// Outcomes of one descriptor's decision, the values of the outcome label.
-const (
-	OutcomeOK         = "ok"
-	OutcomeOverLimit  = "over_limit"
-	OutcomeNearLimit  = "near_limit"
-	OutcomeShadow     = "shadow"
-	OutcomeLocalCache = "local_cache"
-	OutcomeFailOpen   = "fail_open"
-	OutcomeFailClosed = "fail_closed"
-	OutcomeUnlimited  = "unlimited"
-)
-
 // Metrics holds the collectors. A nil *Metrics records nothing, so
 // packages can be used without metrics in tests.
 type Metrics struct {
@@ -34,6 +22,7 @@ type Metrics struct {
 	UnknownDomain     prometheus.Counter
 	InvalidRequests   prometheus.Counter
 	CanceledRequests  prometheus.Counter
+	ShadowRequests    prometheus.Counter
 	RequestDuration   prometheus.Histogram
 	RedisDuration     prometheus.Histogram
 	RedisErrors       *prometheus.CounterVec
@@ -70,6 +59,10 @@ func New(version string) *Metrics {
 		InvalidRequests: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimitd_invalid_requests_total",
 			Help: "Requests refused as invalid (empty domain, no descriptors, over the size bounds).",
+		}),
+		ShadowRequests: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimitd_shadow_requests_total",
+			Help: "Requests over a limit answered OK by global shadow mode (--shadow-mode).",
 		}),
 		CanceledRequests: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimitd_canceled_requests_total",
@@ -132,7 +125,7 @@ func New(version string) *Metrics {
 		Help: "1, labelled with the version and the Go version.",
 	}, []string{"version", "goversion"})
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
-	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.RequestDuration,
+	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.ShadowRequests, m.RequestDuration,
 		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
 		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, buildInfo)
 	return m
@@ -184,6 +177,14 @@ func (m *Metrics) TLSReloaded(identity string, ok bool) {
 			result = "failure"
 		}
 		m.TLSReloads.WithLabelValues(identity, result).Inc()
+	}
+}
+
+// ShadowRequest counts a request over a limit let through by global
+// shadow mode.
+func (m *Metrics) ShadowRequest() {
+	if m != nil {
+		m.ShadowRequests.Inc()
 	}
 }
 

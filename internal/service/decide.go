@@ -16,7 +16,6 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
 // checkState is what the service knows of one check besides the check.
@@ -32,7 +31,8 @@ type checkState struct {
 // are OK; the others are decided together, all or nothing: when one
 // (non-shadow) counter is over its limit, no counter of the request
 // consumes. Errors are ErrInvalidRequest or ErrNoRules; a store failure is
-// not an error but answered by policy (OK, counted in Stats.FailOpen).
+// not an error but answered by policy (each descriptor counted with its
+// outcome, fail_open or fail_closed, in ratelimitd_decisions_total).
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
 	if err := s.validate(req); err != nil {
@@ -43,7 +43,6 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if rules == nil {
 		return nil, ErrNoRules
 	}
-	s.stats.Requests.Add(1)
 	descs := req.GetDescriptors()
 	items := make([]item, len(descs))
 	dom := rules.Domain(req.GetDomain())
@@ -145,7 +144,6 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 			if until, ok := s.cache.Blocked(ch.Key, ch.Limit, now); ok {
 				states[c].cached, states[c].until = true, until
 				rejected = true
-				s.stats.LocalCacheHits.Add(1)
 			}
 		}
 	}
@@ -173,12 +171,10 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 	}
 	res, err := s.storeEvaluate(ctx, send)
 	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
-		s.stats.Canceled.Add(1)
 		s.m.CanceledRequest()
 		return fmt.Errorf("%w: %w", ErrCanceled, context.Canceled)
 	}
 	if err != nil {
-		s.stats.StoreErrors.Add(1)
 		s.logFailure(ctx, err, len(send))
 		for c := range states {
 			if !states[c].cached {
@@ -229,7 +225,7 @@ func (s *Service) storeEvaluate(ctx context.Context, checks []limit.Check) ([]li
 }
 
 // logFailure logs a store failure at most once a second, so an outage
-// cannot flood the log; Stats counts every one.
+// cannot flood the log; the decisions metric counts every one.
 func (s *Service) logFailure(ctx context.Context, err error, checks int) {
 	now := time.Now().UnixNano()
 	last := s.lastFailLog.Load()
@@ -237,8 +233,7 @@ func (s *Service) logFailure(ctx context.Context, err error, checks int) {
 		return
 	}
 	s.log.WarnContext(ctx, "store could not decide; answering by failure_mode",
-		"err", err, "checks", checks, "fail_open_total", s.stats.FailOpen.Load(),
-		"fail_closed_total", s.stats.FailClosed.Load(), "default_failure_mode", s.opts.FailureMode.String())
+		"err", err, "checks", checks, "default_failure_mode", s.opts.FailureMode.String())
 }
 
 // respond builds the response from the decided items and counts each
@@ -276,8 +271,8 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 			continue
 		case unlimited:
 			st.LimitRemaining = math.MaxUint32
-			s.m.Decision(domain, it.label, metrics.OutcomeUnlimited)
-			explain(i, metrics.OutcomeUnlimited)
+			s.m.Decision(domain, it.label, OutcomeUnlimited)
+			explain(i, OutcomeUnlimited)
 			continue
 		}
 		st.CurrentLimit = &lims[i]
@@ -287,10 +282,10 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 			st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(it.mult)
 		}
 		cs := &states[it.check]
-		over, outcome := false, metrics.OutcomeOK
+		over, outcome := false, OutcomeOK
 		switch {
 		case cs.cached:
-			over, outcome = true, metrics.OutcomeLocalCache
+			over, outcome = true, OutcomeLocalCache
 			st.DurationUntilReset = ceilSeconds(&durs[i], cs.until.Sub(now))
 		case cs.failed:
 			over, outcome = s.failureAnswer(it)
@@ -303,11 +298,11 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 				}
 			}
 			if over {
-				outcome = metrics.OutcomeOverLimit
+				outcome = OutcomeOverLimit
 			} else {
 				st.LimitRemaining = uint32(min(cs.res.Remaining, math.MaxUint32))
 				if float64(cs.res.Remaining) <= (1-s.opts.NearLimitRatio)*float64(it.rpu) {
-					outcome = metrics.OutcomeNearLimit
+					outcome = OutcomeNearLimit
 				}
 			}
 			st.DurationUntilReset = untilReset(&durs[i], it.algo, cs.res.ResetUS)
@@ -316,8 +311,7 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 			quotaTotal++
 		}
 		if over && it.shadow {
-			s.stats.Shadow.Add(1)
-			over, outcome = false, metrics.OutcomeShadow
+			over, outcome = false, OutcomeShadow
 		}
 		s.m.Decision(domain, it.label, outcome)
 		explain(i, outcome)
@@ -336,9 +330,7 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		if s.opts.ShadowMode {
 			resp.OverallCode = rlsv3.RateLimitResponse_OK
-			s.stats.Shadow.Add(1)
-		} else {
-			s.stats.OverLimit.Add(1)
+			s.m.ShadowRequest()
 		}
 	}
 	if s.opts.ResponseHeaders != HeadersOff {
@@ -353,16 +345,6 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 	return resp
 }
 
-// Reasons in dynamic_metadata besides the metric outcomes (ok,
-// near_limit, over_limit, local_cache, shadow, fail_open, fail_closed,
-// unlimited).
-const (
-	// ReasonNoRule: no rule matched, or the rule has no rate_limit.
-	ReasonNoRule = "no_rule"
-	// ReasonReplaced: the rule's limit was replaced by another's.
-	ReasonReplaced = "replaced"
-)
-
 // failureAnswer decides an item the store could not: its rule's
 // failure_mode, else the global one. A refund is never denied.
 func (s *Service) failureAnswer(it *item) (over bool, outcome string) {
@@ -371,11 +353,9 @@ func (s *Service) failureAnswer(it *item) (over bool, outcome string) {
 		mode = s.opts.FailureMode
 	}
 	if mode == config.FailureDeny && !it.refund {
-		s.stats.FailClosed.Add(1)
-		return true, metrics.OutcomeFailClosed
+		return true, OutcomeFailClosed
 	}
-	s.stats.FailOpen.Add(1)
-	return false, metrics.OutcomeFailOpen
+	return false, OutcomeFailOpen
 }
 
 // untilReset is duration_until_reset: whole seconds for windows (as the

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
@@ -44,7 +45,8 @@ func TestCacheBlocksUntilExactReset(t *testing.T) {
 // to use its answer) and the request is answered by policy at once.
 func TestNoStoreCallInsideTheMargin(t *testing.T) {
 	st := &countingStore{Store: memstore.New(memstore.Options{})}
-	s := service.New(rules(t), st, nil, service.Options{DeadlineMargin: time.Hour})
+	m := metrics.New("test")
+	s := service.New(rules(t), st, nil, service.Options{DeadlineMargin: time.Hour, Metrics: m})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	resp, err := s.ShouldRateLimit(ctx, request(desc("user", "m")))
@@ -54,8 +56,8 @@ func TestNoStoreCallInsideTheMargin(t *testing.T) {
 	if n := st.calls.Load(); n != 0 {
 		t.Errorf("store called %d times inside the margin", n)
 	}
-	if s.Stats().FailOpen.Load() != 1 {
-		t.Errorf("fail-open = %d, want 1", s.Stats().FailOpen.Load())
+	if n := outcomes(t, m, service.OutcomeFailOpen); n != 1 {
+		t.Errorf("fail-open = %v, want 1", n)
 	}
 	// Outside the margin the store decides.
 	s = service.New(rules(t), st, nil, service.Options{DeadlineMargin: time.Millisecond})

@@ -8,9 +8,11 @@ import (
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -23,7 +25,8 @@ import (
 // above the count empties it.
 func TestHugeHitsStayExact(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st service.Store) {
-		s := service.New(rules(t), st, nil, service.Options{})
+		m := metrics.New("test")
+		s := service.New(rules(t), st, nil, service.Options{Metrics: m})
 		for range 3 {
 			call(t, s, request(desc("user", "x")))
 		}
@@ -52,8 +55,8 @@ func TestHugeHitsStayExact(t *testing.T) {
 				t.Errorf("%s: overall %s, want OVER_LIMIT", name, got)
 			}
 		}
-		if n := s.Stats().FailOpen.Load() + s.Stats().StoreErrors.Load(); n != 0 {
-			t.Errorf("fail-open + store errors = %d, want 0", n)
+		if n := outcomes(t, m, service.OutcomeFailOpen) + outcomes(t, m, service.OutcomeFailClosed); n != 0 {
+			t.Errorf("answers by failure policy: %v, want 0", n)
 		}
 		// The fresh ip counter consumed nothing.
 		if r := call(t, s, request(desc("ip", "fresh"))); r.GetStatuses()[0].GetLimitRemaining() != 99 {
@@ -71,8 +74,8 @@ func TestHugeHitsStayExact(t *testing.T) {
 		if r := call(t, s, request(desc("user", "x"))); codes(r) != "OK OK" || r.GetStatuses()[0].GetLimitRemaining() != 2 {
 			t.Errorf("after a refund of 2^33: %v, want OK with 2 remaining", r)
 		}
-		if n := s.Stats().FailOpen.Load() + s.Stats().StoreErrors.Load(); n != 0 {
-			t.Errorf("fail-open + store errors after refund = %d, want 0", n)
+		if n := outcomes(t, m, service.OutcomeFailOpen) + outcomes(t, m, service.OutcomeFailClosed); n != 0 {
+			t.Errorf("answers by failure policy after the refund: %v, want 0", n)
 		}
 	})
 }
@@ -90,19 +93,20 @@ func (blockingStore) Evaluate(ctx context.Context, _ []limit.Check) ([]limit.Res
 // fail-open (a client resetting every stream would otherwise raise that
 // count at will); a call whose time ran out is still answered by policy.
 func TestCanceledCallerNotAnswered(t *testing.T) {
-	s := service.New(rules(t), blockingStore{}, nil, service.Options{})
+	m := metrics.New("test")
+	s := service.New(rules(t), blockingStore{}, nil, service.Options{Metrics: m})
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(20*time.Millisecond, cancel)
 	if _, err := s.ShouldRateLimit(ctx, request(desc("user", "c"))); !errors.Is(err, service.ErrCanceled) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled call: err = %v, want ErrCanceled", err)
 	}
-	if st := s.Stats(); st.FailOpen.Load() != 0 || st.Canceled.Load() != 1 {
-		t.Errorf("fail-open %d, canceled %d; want 0, 1", st.FailOpen.Load(), st.Canceled.Load())
+	if fo, c := outcomes(t, m, service.OutcomeFailOpen), testutil.ToFloat64(m.CanceledRequests); fo != 0 || c != 1 {
+		t.Errorf("fail-open %v, canceled %v; want 0, 1", fo, c)
 	}
 	tctx, tcancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer tcancel()
 	resp, err := s.ShouldRateLimit(tctx, request(desc("user", "c")))
-	if err != nil || resp.GetOverallCode().String() != "OK" || s.Stats().FailOpen.Load() != 1 {
-		t.Errorf("timed-out call: %v, %v, fail-open %d; want OK by policy", resp, err, s.Stats().FailOpen.Load())
+	if fo := outcomes(t, m, service.OutcomeFailOpen); err != nil || resp.GetOverallCode().String() != "OK" || fo != 1 {
+		t.Errorf("timed-out call: %v, %v, fail-open %v; want OK by policy", resp, err, fo)
 	}
 }

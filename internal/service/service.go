@@ -109,7 +109,6 @@ type Service struct {
 	opts  Options
 	log   *slog.Logger
 	now   func() time.Time
-	stats Stats
 	m     *metrics.Metrics
 
 	detailed detailedLabels
@@ -167,32 +166,3 @@ func (s *Service) SetRules(rules *config.Snapshot) {
 
 // Rules returns the snapshot in force.
 func (s *Service) Rules() *config.Snapshot { return s.rules.Load() }
-
-// Stats returns the service's counters.
-func (s *Service) Stats() *Stats { return &s.stats }
-
-// Stats counts decisions since the service started. Every field is safe
-// to read concurrently.
-type Stats struct {
-	// Requests is every request decided (invalid ones excluded).
-	Requests atomic.Int64
-	// OverLimit counts requests answered OVER_LIMIT overall.
-	OverLimit atomic.Int64
-	// LocalCacheHits counts descriptors answered from the over-limit cache.
-	LocalCacheHits atomic.Int64
-	// Shadow counts descriptors over their limit whose rule is in shadow
-	// mode, and requests over limit let through by global shadow mode.
-	Shadow atomic.Int64
-	// FailOpen counts descriptors answered OK because the store could not
-	// decide. Alert on it: while it grows, those limits do nothing.
-	FailOpen atomic.Int64
-	// FailClosed counts descriptors answered OVER_LIMIT because the store
-	// could not decide and their rule says failure_mode: deny.
-	FailClosed atomic.Int64
-	// StoreErrors counts failed store evaluations.
-	StoreErrors atomic.Int64
-	// Canceled counts requests whose caller canceled before the store
-	// decided them (see ErrCanceled): not answered, not counted as
-	// failures.
-	Canceled atomic.Int64
-}

@@ -145,7 +145,8 @@ func codes(resp *rlsv3.RateLimitResponse) string {
 
 func TestFixedWindow(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st service.Store) {
-		s := service.New(rules(t), st, nil, service.Options{})
+		m := metrics.New("test")
+		s := service.New(rules(t), st, nil, service.Options{Metrics: m})
 		for i, want := range []uint32{2, 1, 0} {
 			resp := call(t, s, request(desc("user", "alice")))
 			stt := resp.GetStatuses()[0]
@@ -168,8 +169,8 @@ func TestFixedWindow(t *testing.T) {
 		if resp := call(t, s, request(desc("user", "bob"))); resp.GetStatuses()[0].GetLimitRemaining() != 2 {
 			t.Errorf("bob shares alice's counter: %v", resp)
 		}
-		if got := s.Stats().OverLimit.Load(); got != 1 {
-			t.Errorf("over-limit stat = %d", got)
+		if got := testutil.ToFloat64(m.Requests.WithLabelValues("OVER_LIMIT")); got != 1 {
+			t.Errorf("over-limit requests = %v", got)
 		}
 	})
 }
@@ -306,7 +307,8 @@ func TestOverride(t *testing.T) {
 func TestShadow(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st service.Store) {
 		cs := &countingStore{Store: st}
-		s := service.New(rules(t), cs, overlimitcache.New(1<<20), service.Options{})
+		m := metrics.New("test")
+		s := service.New(rules(t), cs, overlimitcache.New(1<<20), service.Options{Metrics: m})
 		for i := range 4 {
 			r := call(t, s, request(desc("shadow", "x"), desc("ip", "1")))
 			if codes(r) != "OK OK OK" {
@@ -323,16 +325,20 @@ func TestShadow(t *testing.T) {
 		if cs.calls.Load() != 4 {
 			t.Errorf("store calls = %d, want 4: a shadow rule is never short-circuited", cs.calls.Load())
 		}
-		if got := s.Stats().Shadow.Load(); got != 3 {
-			t.Errorf("shadow stat = %d, want 3", got)
+		if got := outcomes(t, m, service.OutcomeShadow); got != 3 {
+			t.Errorf("shadow decisions = %v, want 3", got)
 		}
 	})
 }
 
 func TestGlobalShadow(t *testing.T) {
-	s := service.New(rules(t), memstore.New(memstore.Options{}), nil, service.Options{ShadowMode: true})
+	m := metrics.New("test")
+	s := service.New(rules(t), memstore.New(memstore.Options{}), nil, service.Options{ShadowMode: true, Metrics: m})
 	if r := call(t, s, request(desc("zero", "x"))); codes(r) != "OK OVER_LIMIT" {
 		t.Fatalf("global shadow = %v, want overall OK with the descriptor OVER_LIMIT", codes(r))
+	}
+	if got := testutil.ToFloat64(m.ShadowRequests); got != 1 {
+		t.Errorf("shadow requests = %v, want 1", got)
 	}
 }
 
@@ -354,7 +360,8 @@ func TestAllOrNothing(t *testing.T) {
 func TestLocalCache(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st service.Store) {
 		cs := &countingStore{Store: st}
-		s := service.New(rules(t), cs, overlimitcache.New(1<<20), service.Options{})
+		m := metrics.New("test")
+		s := service.New(rules(t), cs, overlimitcache.New(1<<20), service.Options{Metrics: m})
 		call(t, s, request(desc("tight", "c")))
 		calls := cs.calls.Load()
 		for range 3 {
@@ -366,8 +373,8 @@ func TestLocalCache(t *testing.T) {
 		if cs.calls.Load() != calls {
 			t.Errorf("store called %d times for counters known exhausted", cs.calls.Load()-calls)
 		}
-		if got := s.Stats().LocalCacheHits.Load(); got != 3 {
-			t.Errorf("local cache hits = %d", got)
+		if got := outcomes(t, m, service.OutcomeLocalCache); got != 3 {
+			t.Errorf("local cache answers = %v", got)
 		}
 		// With another descriptor, the others are read, not consumed.
 		r := call(t, s, request(desc("ip", "c"), desc("tight", "c")))
@@ -437,13 +444,13 @@ func TestFailurePolicy(t *testing.T) {
 	if codes(r) != "OVER_LIMIT OK OK OVER_LIMIT" {
 		t.Fatalf("store down = %v, want the default rule open, login (deny) closed", codes(r))
 	}
-	if s.Stats().FailOpen.Load() != 1 || s.Stats().FailClosed.Load() != 1 || s.Stats().StoreErrors.Load() != 1 {
-		t.Errorf("fail_open = %d, fail_closed = %d, store errors = %d", s.Stats().FailOpen.Load(), s.Stats().FailClosed.Load(), s.Stats().StoreErrors.Load())
+	if fo, fc := outcomes(t, m, service.OutcomeFailOpen), outcomes(t, m, service.OutcomeFailClosed); fo != 1 || fc != 1 || cs.calls.Load() != 1 {
+		t.Errorf("fail_open = %v, fail_closed = %v, store calls = %d; want 1, 1, 1", fo, fc, cs.calls.Load())
 	}
-	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", "login", metrics.OutcomeFailClosed)); got != 1 {
+	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", "login", service.OutcomeFailClosed)); got != 1 {
 		t.Errorf("fail_closed metric for login = %v", got)
 	}
-	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", "web.zero", metrics.OutcomeFailOpen)); got != 1 {
+	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", "web.zero", service.OutcomeFailOpen)); got != 1 {
 		t.Errorf("fail_open metric for web.zero = %v", got)
 	}
 	if len(r.GetResponseHeadersToAdd()) != 0 {
@@ -523,13 +530,13 @@ func TestMetrics(t *testing.T) {
 		rule, outcome string
 		want          float64
 	}{
-		{"web.user", metrics.OutcomeOK, 2},
-		{"web.user", metrics.OutcomeNearLimit, 1}, // 3 of 3 reaches 0.8
-		{"web.user", metrics.OutcomeOverLimit, 0}, // the third OK exhausted it: the cache answers after
-		{"web.user", metrics.OutcomeLocalCache, 2},
-		{"web.unl", metrics.OutcomeUnlimited, 5},
-		{"web.shadow", metrics.OutcomeNearLimit, 1},
-		{"web.shadow", metrics.OutcomeShadow, 4},
+		{"web.user", service.OutcomeOK, 2},
+		{"web.user", service.OutcomeNearLimit, 1}, // 3 of 3 reaches 0.8
+		{"web.user", service.OutcomeOverLimit, 0}, // the third OK exhausted it: the cache answers after
+		{"web.user", service.OutcomeLocalCache, 2},
+		{"web.unl", service.OutcomeUnlimited, 5},
+		{"web.shadow", service.OutcomeNearLimit, 1},
+		{"web.shadow", service.OutcomeShadow, 4},
 	}
 	for _, tt := range tests {
 		if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", tt.rule, tt.outcome)); got != tt.want {
@@ -624,10 +631,10 @@ func TestDetailedMetricCap(t *testing.T) {
 	for i := range 10 {
 		call(t, s, request(desc("ip", strconv.Itoa(i))))
 	}
-	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", "web.ip_1", metrics.OutcomeOK)); got != 1 {
+	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", "web.ip_1", service.OutcomeOK)); got != 1 {
 		t.Errorf("web.ip_1 = %v", got)
 	}
-	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", "web.ip.<overflow>", metrics.OutcomeOK)); got != 7 {
+	if got := testutil.ToFloat64(m.Decisions.WithLabelValues("web", "web.ip.<overflow>", service.OutcomeOK)); got != 7 {
 		t.Errorf("overflow = %v, want 7", got)
 	}
 	if n := testutil.CollectAndCount(m.Decisions); n != 4 {
