@@ -30,7 +30,7 @@ type checkState struct {
 // ShouldRateLimit decides one request. Descriptors the rules do not limit
 // are OK; the others are decided together, all or nothing: when one
 // (non-shadow) counter is over its limit, no counter of the request
-// consumes. Errors are ErrInvalidRequest or ErrNoRules; a store failure is
+// consumes. Errors are ErrInvalidRequest, ErrNoRules or ErrCanceled; a store failure is
 // not an error but answered by policy (each descriptor counted with its
 // outcome, fail_open or fail_closed, in ratelimitd_decisions_total).
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
