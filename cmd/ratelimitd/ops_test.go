@@ -108,8 +108,22 @@ func TestCheckConfig(t *testing.T) {
 		}
 	}
 	var all syncBuffer
-	if err := run(context.Background(), []string{"check-config", "../../deploy/rules", bad[0], bad[1]}, env(nil), &all); err == nil || !strings.Contains(err.Error(), "2 of 3 path(s) invalid") {
-		t.Errorf("several paths: %v", err)
+	if err := run(context.Background(), []string{"check-config", "../../deploy/rules", bad[0], bad[1]}, env(nil), &all); err == nil ||
+		!strings.Contains(all.String(), bad[0]) || !strings.Contains(all.String(), bad[1]) {
+		t.Errorf("several paths: %v\n%s", err, all.String())
+	}
+	// The paths are one set, as the server's directory is: two files of
+	// one domain are refused together, though each alone is fine.
+	dir := t.TempDir()
+	for _, name := range []string{"a.yaml", "b.yaml"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("domain: same\ndescriptors:\n  - key: "+name[:1]+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var dup syncBuffer
+	err := run(context.Background(), []string{"check-config", filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")}, env(nil), &dup)
+	if err == nil || !strings.Contains(dup.String(), `duplicate domain "same"`) {
+		t.Errorf("two files of one domain as two arguments: %v\n%s", err, dup.String())
 	}
 }
 

@@ -18,14 +18,17 @@ import (
 	"github.com/ratelimitd/ratelimitd/config"
 )
 
-// checkConfig validates rules the way the server loads them: every
+// checkConfig validates rules the way the server loads them, all the
+// paths as one set (as the files of one --config directory are), so that
+// `check-config rules/*.yaml` in a rules repository's CI catches what the
+// server would refuse, a domain defined in two files among them: every
 // problem of every file is printed, one a line, and the exit status is
 // non-zero when there is any. It stops when ctx is done (SIGINT, SIGTERM).
 func checkConfig(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("ratelimitd check-config", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.Usage = func() {
-		fmt.Fprintln(out, "usage: ratelimitd check-config PATH...  (rules files or directories)")
+		fmt.Fprintln(out, "usage: ratelimitd check-config PATH...  (rules files or directories, checked as one set)")
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -34,28 +37,22 @@ func checkConfig(ctx context.Context, args []string, out io.Writer) error {
 		fs.Usage()
 		return errors.New("check-config: no rules path given")
 	}
-	failed := 0
-	for _, p := range fs.Args() {
-		snap, err := config.LoadContext(ctx, p)
-		if ctx.Err() != nil {
-			return fmt.Errorf("check-config: interrupted while checking %s", p)
-		}
-		if err != nil {
-			failed++
-			for _, line := range strings.Split(err.Error(), "\n") {
-				fmt.Fprintln(out, line)
-			}
-			continue
-		}
-		rules := 0
-		for _, d := range snap.Domains() {
-			rules += len(snap.Domain(d).Rules())
-		}
-		fmt.Fprintf(out, "%s: ok: %d file(s), %d domain(s), %d rule(s), hash %s\n", p, len(snap.Files), len(snap.Domains()), rules, snap.Hash[:12])
+	snap, err := config.LoadContext(ctx, fs.Args()...)
+	if ctx.Err() != nil {
+		return errors.New("check-config: interrupted")
 	}
-	if failed > 0 {
-		return fmt.Errorf("check-config: %d of %d path(s) invalid", failed, fs.NArg())
+	if err != nil {
+		lines := strings.Split(err.Error(), "\n")
+		for _, line := range lines {
+			fmt.Fprintln(out, line)
+		}
+		return fmt.Errorf("check-config: %d problem(s) in %s", len(lines), strings.Join(fs.Args(), " "))
 	}
+	rules := 0
+	for _, d := range snap.Domains() {
+		rules += len(snap.Domain(d).Rules())
+	}
+	fmt.Fprintf(out, "%s: ok: %d file(s), %d domain(s), %d rule(s), hash %s\n", strings.Join(fs.Args(), " "), len(snap.Files), len(snap.Domains()), rules, snap.Hash[:12])
 	return nil
 }
 
