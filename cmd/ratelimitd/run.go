@@ -47,6 +47,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 			return checkConfig(ctx, args[1:], logOut)
 		case "healthcheck":
 			return healthcheck(ctx, args[1:], logOut)
+		case "explain":
+			return explain(ctx, args[1:], logOut)
 		}
 	}
 	s, err := parseSettings(args, getenv, logOut)

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+// explained is one descriptor's explanation, as --json prints it.
+type explained struct {
+	Descriptor  string         `json:"descriptor"`
+	Outcome     string         `json:"outcome"`
+	Rule        *explainedRule `json:"rule,omitempty"`
+	ReplacedBy  string         `json:"replaced_by,omitempty"`
+	Override    bool           `json:"override,omitempty"`
+	Description string         `json:"-"`
+}
+
+// explainedRule is the matching rule.
+type explainedRule struct {
+	Path            string   `json:"path"`
+	File            string   `json:"file"`
+	Line            int      `json:"line"`
+	Unit            string   `json:"unit,omitempty"`
+	UnitMultiplier  uint32   `json:"unit_multiplier,omitempty"`
+	RequestsPerUnit uint32   `json:"requests_per_unit"`
+	Unlimited       bool     `json:"unlimited,omitempty"`
+	Algorithm       string   `json:"algorithm,omitempty"`
+	Burst           uint32   `json:"burst,omitempty"`
+	Name            string   `json:"name,omitempty"`
+	Replaces        []string `json:"replaces,omitempty"`
+	ShadowMode      bool     `json:"shadow_mode,omitempty"`
+	QuotaMode       bool     `json:"quota_mode,omitempty"`
+	FailureMode     string   `json:"failure_mode,omitempty"`
+	ShareThreshold  bool     `json:"share_threshold,omitempty"`
+}
+
+// explain prints, for each descriptor given, the rule the server would
+// match and what becomes of its limit, with no Redis and no server.
+func explain(_ context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("ratelimitd explain", flag.ContinueOnError)
+	fs.SetOutput(out)
+	rulesPath := fs.String("config", "", "rules: a file or a directory, as the server's --config")
+	asJSON := fs.Bool("json", false, "print JSON, for scripts")
+	fs.Usage = func() {
+		fmt.Fprintln(out, "usage: ratelimitd explain --config PATH [--json] DOMAIN 'k=v,k2=v2' ['k=v'...]")
+		fmt.Fprintln(out, "  each descriptor is its entries, key=value, joined by ','; in the order Envoy's actions produce them")
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *rulesPath == "" || fs.NArg() < 2 {
+		fs.Usage()
+		return errors.New("explain: --config, a domain and at least one descriptor are needed")
+	}
+	rules, err := config.Load(*rulesPath)
+	if err != nil {
+		return fmt.Errorf("explain: %w", err)
+	}
+	req := &rlsv3.RateLimitRequest{Domain: fs.Arg(0)}
+	for _, arg := range fs.Args()[1:] {
+		d := &rlcommon.RateLimitDescriptor{}
+		for _, kv := range strings.Split(arg, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return fmt.Errorf("explain: descriptor %q: want key=value entries joined by ','", arg)
+			}
+			d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: k, Value: v})
+		}
+		req.Descriptors = append(req.Descriptors, d)
+	}
+	exps, err := service.Explain(rules, req)
+	if err != nil {
+		return fmt.Errorf("explain: %w", err)
+	}
+	if rules.Domain(req.GetDomain()) == nil {
+		fmt.Fprintf(out, "domain %q: not in the rules (known: %s); nothing is limited\n", req.GetDomain(), strings.Join(rules.Domains(), ", "))
+	}
+	res := make([]explained, len(exps))
+	for i, e := range exps {
+		res[i] = describe(fs.Arg(i+1), e)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	for i, r := range res {
+		fmt.Fprintf(out, "descriptors[%d] %s: %s\n", i, r.Descriptor, r.Description)
+	}
+	return nil
+}
+
+// describe turns one explanation into its printed forms.
+func describe(desc string, e service.Explanation) explained {
+	x := explained{Descriptor: desc, Outcome: e.Outcome, ReplacedBy: e.ReplacedBy, Override: e.Override}
+	if e.Override {
+		x.Description = "its own limit (a request override), counted on its entries"
+		return x
+	}
+	r := e.Rule
+	if r == nil {
+		x.Description = "no rule: not limited"
+		return x
+	}
+	xr := &explainedRule{Path: r.Path, File: r.File, Line: r.Line, ShadowMode: r.ShadowMode, QuotaMode: r.QuotaMode,
+		ShareThreshold: r.ShareThreshold}
+	if r.FailureMode != config.FailureUnset {
+		xr.FailureMode = r.FailureMode.String()
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "rule %s (%s:%d)", r.Path, r.File, r.Line)
+	if l := r.Limit; l != nil {
+		xr.RequestsPerUnit, xr.Unlimited, xr.Name, xr.Replaces = l.RequestsPerUnit, l.Unlimited, l.Name, l.Replaces
+		if !l.Unlimited {
+			xr.Unit, xr.UnitMultiplier, xr.Algorithm = l.Unit.String(), l.UnitMultiplier, l.Algorithm.String()
+			if l.Burst > 0 {
+				xr.Burst = l.Burst
+			}
+		}
+	}
+	x.Rule = xr
+	switch e.Outcome {
+	case service.ReasonNoRule:
+		b.WriteString(": no rate_limit: not limited")
+	case service.OutcomeUnlimited:
+		b.WriteString(": unlimited")
+	case service.ReasonReplaced:
+		fmt.Fprintf(&b, ": its limit %q is replaced by the limit of %s (another descriptor of the request): not limited", xr.Name, e.ReplacedBy)
+	default:
+		per := xr.Unit
+		if xr.UnitMultiplier > 1 {
+			per = fmt.Sprintf("%d %ss", xr.UnitMultiplier, xr.Unit)
+		}
+		fmt.Fprintf(&b, ": %d per %s, %s", xr.RequestsPerUnit, per, xr.Algorithm)
+		if xr.Burst > 0 {
+			fmt.Fprintf(&b, " burst %d", xr.Burst)
+		}
+		if xr.Name != "" {
+			fmt.Fprintf(&b, ", name %q", xr.Name)
+		}
+		if len(xr.Replaces) > 0 {
+			fmt.Fprintf(&b, ", replaces %s", strings.Join(xr.Replaces, ", "))
+		}
+		for _, f := range []struct {
+			on   bool
+			text string
+		}{{xr.ShadowMode, "shadow mode (never rejects)"}, {xr.QuotaMode, "quota mode"}, {xr.ShareThreshold, "one counter for every matching value"}} {
+			if f.on {
+				b.WriteString(", " + f.text)
+			}
+		}
+		if xr.FailureMode != "" {
+			fmt.Fprintf(&b, ", failure_mode %s", xr.FailureMode)
+		}
+	}
+	x.Description = b.String()
+	return x
+}
