@@ -194,6 +194,7 @@ func metricNames(t *testing.T) map[string]bool {
 	m.ConfigLoaded(true, "h", time.Now())
 	m.ConfigLoaded(false, "", time.Now())
 	m.Request("OK", 0)
+	m.TLSReloaded("grpc", false)
 	fams, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
-# Runs the whole test suite. Installs redis-server from Debian's packages
-# when it is missing; the tests start (and stop) their own redis-server
-# processes on free loopback ports and never touch any other Redis.
+# Runs the whole test suite: gofmt, go vet, the alerts' unit tests
+# (promtool), the Go tests with the race detector, then the resource and
+# timing bounds without it. The tests start (and stop) their own
+# redis-server processes on free loopback ports and never touch any other
+# Redis.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v redis-server >/dev/null 2>&1; then
-	echo "test.sh: installing redis-server" >&2
+# Installs what is missing, from Debian's packages: redis-server (the
+# package may start a service of its own; tests never use it) and promtool
+# (package prometheus), which checks the shipped alerts.
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+if [ ${#missing[@]} -gt 0 ]; then
+	echo "test.sh: installing ${missing[*]}" >&2
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
-	# The package may start a service of its own; tests never use it.
+	apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 export RATELIMITD_REDIS_SERVER="$(command -v redis-server)"
 export RATELIMITD_REQUIRE_REDIS=1
 test -z "$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 go vet ./...
+promtool check rules deploy/prometheus/alerts.yaml
+(cd deploy/prometheus && promtool test rules alerts_test.yaml)
 go test -race -count=1 ./...
 # The race detector multiplies memory and time: the tests of resource
 # bounds and of recovery within 20 ms assert them only in this second
