@@ -138,27 +138,15 @@ func describe(desc string, e service.Explanation) explained {
 	case service.ReasonReplaced:
 		fmt.Fprintf(&b, ": its limit %q is replaced by the limit of %s (another descriptor of the request): not limited", xr.Name, e.ReplacedBy)
 	default:
-		per := xr.Unit
-		if xr.UnitMultiplier > 1 {
-			per = fmt.Sprintf("%d %ss", xr.UnitMultiplier, xr.Unit)
-		}
-		fmt.Fprintf(&b, ": %d per %s, %s", xr.RequestsPerUnit, per, xr.Algorithm)
-		if xr.Burst > 0 {
-			fmt.Fprintf(&b, " burst %d", xr.Burst)
-		}
+		b.WriteString(": " + limitSummary(r))
 		if xr.Name != "" {
 			fmt.Fprintf(&b, ", name %q", xr.Name)
 		}
 		if len(xr.Replaces) > 0 {
 			fmt.Fprintf(&b, ", replaces %s", strings.Join(xr.Replaces, ", "))
 		}
-		for _, f := range []struct {
-			on   bool
-			text string
-		}{{xr.ShadowMode, "shadow mode (never rejects)"}, {xr.QuotaMode, "quota mode"}, {xr.ShareThreshold, "one counter for every matching value"}} {
-			if f.on {
-				b.WriteString(", " + f.text)
-			}
+		if xr.ShareThreshold {
+			b.WriteString(", one counter for every matching value")
 		}
 		if xr.FailureMode != "" {
 			fmt.Fprintf(&b, ", failure_mode %s", xr.FailureMode)

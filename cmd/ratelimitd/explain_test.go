@@ -43,7 +43,7 @@ func TestExplain(t *testing.T) {
 	for _, want := range []string{
 		`descriptors[0] ip=1: rule web.ip (` + rules + `:4): its limit "per-ip" is replaced by the limit of web.vip (another descriptor of the request): not limited`,
 		`descriptors[1] vip=v: rule web.vip (` + rules + `:6): 1000 per 5 minutes, token_bucket burst 50, replaces per-ip`,
-		`descriptors[2] path=/admin: rule web.path_/admin (` + rules + `:14): 1 per second, fixed_window, shadow mode (never rejects), failure_mode deny`,
+		`descriptors[2] path=/admin: rule web.path_/admin (` + rules + `:14): 1 per second, fixed_window, shadow mode, failure_mode deny`,
 		`descriptors[3] health=x: rule web.health (` + rules + `:19): unlimited`,
 		`descriptors[4] group=g: rule web.group (` + rules + `:21): no rate_limit: not limited`,
 		`descriptors[5] nope=1: no rule: not limited`,

@@ -49,6 +49,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 			return healthcheck(ctx, args[1:], logOut)
 		case "explain":
 			return explain(ctx, args[1:], logOut)
+		case "diff":
+			return diffRules(ctx, args[1:], logOut)
 		}
 	}
 	s, err := parseSettings(args, getenv, logOut)

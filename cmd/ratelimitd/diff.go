@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/ratelimitd/ratelimitd/config"
+)
+
+// diffRules prints what a rules change does, rule by rule: what a
+// reviewer needs to know of a pull request to the rules, which a YAML
+// diff shows only as moved lines.
+func diffRules(_ context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("ratelimitd diff", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintln(out, "usage: ratelimitd diff OLD NEW  (rules files or directories)")
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		fs.Usage()
+		return errors.New("diff: want two rules paths, the old and the new")
+	}
+	before, err := config.Load(fs.Arg(0))
+	if err != nil {
+		return fmt.Errorf("diff: old rules: %w", err)
+	}
+	after, err := config.Load(fs.Arg(1))
+	if err != nil {
+		return fmt.Errorf("diff: new rules: %w", err)
+	}
+	lines := ruleChanges(before, after)
+	if len(lines) == 0 {
+		fmt.Fprintln(out, "no change in what is limited")
+	}
+	for _, l := range lines {
+		fmt.Fprintln(out, l)
+	}
+	return nil
+}
+
+// ruleChanges lists the changes from before to after, domain by domain,
+// rule by rule (by path), in a stable order.
+func ruleChanges(before, after *config.Snapshot) []string {
+	var out []string
+	domains := append(before.Domains(), after.Domains()...)
+	slices.Sort(domains)
+	domains = slices.Compact(domains)
+	for _, name := range domains {
+		b, a := before.Domain(name), after.Domain(name)
+		switch {
+		case b == nil:
+			out = append(out, fmt.Sprintf("+ domain %s (%s): new", name, a.File))
+		case a == nil:
+			out = append(out, fmt.Sprintf("- domain %s (%s): removed; its requests are no longer limited", name, b.File))
+			continue
+		}
+		old := map[string]*config.Rule{}
+		if b != nil {
+			for _, r := range b.Rules() {
+				old[r.Path] = r
+			}
+		}
+		seen := map[string]bool{}
+		for _, r := range a.Rules() {
+			seen[r.Path] = true
+			o := old[r.Path]
+			if o == nil {
+				out = append(out, fmt.Sprintf("+ %s (%s:%d): %s", r.Path, r.File, r.Line, limitSummary(r)))
+				continue
+			}
+			if ch := changes(o, r); len(ch) > 0 {
+				out = append(out, fmt.Sprintf("~ %s (%s:%d): %s", r.Path, r.File, r.Line, strings.Join(ch, "; ")))
+			}
+		}
+		if b != nil {
+			for _, r := range b.Rules() {
+				if !seen[r.Path] {
+					out = append(out, fmt.Sprintf("- %s (was %s:%d): %s; removed", r.Path, r.File, r.Line, limitSummary(r)))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// limitSummary says in a few words what a rule does.
+func limitSummary(r *config.Rule) string {
+	l := r.Limit
+	var s string
+	switch {
+	case l == nil:
+		s = "no rate_limit"
+	case l.Unlimited:
+		s = "unlimited"
+	default:
+		per := l.Unit.String()
+		if l.UnitMultiplier > 1 {
+			per = fmt.Sprintf("%d %ss", l.UnitMultiplier, l.Unit)
+		}
+		s = fmt.Sprintf("%d per %s, %s", l.RequestsPerUnit, per, l.Algorithm)
+		if l.Burst > 0 {
+			s += fmt.Sprintf(" burst %d", l.Burst)
+		}
+	}
+	if r.ShadowMode {
+		s += ", shadow mode"
+	}
+	if r.QuotaMode {
+		s += ", quota mode"
+	}
+	return s
+}
+
+// changes lists what differs between two versions of one rule, and says
+// when its counters start afresh: the counter key holds the window and
+// the algorithm, and share_threshold changes which values share one.
+func changes(o, r *config.Rule) []string {
+	var out []string
+	add := func(what string, from, to any) {
+		if from != to {
+			out = append(out, fmt.Sprintf("%s %v -> %v", what, from, to))
+		}
+	}
+	ol, rl := o.Limit, r.Limit
+	switch {
+	case ol == nil && rl != nil:
+		out = append(out, "now limited: "+limitSummary(r))
+	case ol != nil && rl == nil:
+		out = append(out, "no longer limited (was "+limitSummary(o)+")")
+	case ol != nil && rl != nil:
+		if ol.RequestsPerUnit != rl.RequestsPerUnit && !ol.Unlimited && !rl.Unlimited {
+			dir := "raised"
+			if rl.RequestsPerUnit < ol.RequestsPerUnit {
+				dir = "lowered"
+			}
+			out = append(out, fmt.Sprintf("requests_per_unit %d -> %d (%s)", ol.RequestsPerUnit, rl.RequestsPerUnit, dir))
+		}
+		add("unlimited", ol.Unlimited, rl.Unlimited)
+		add("unit", ol.Unit, rl.Unit)
+		add("unit_multiplier", ol.UnitMultiplier, rl.UnitMultiplier)
+		add("algorithm", ol.Algorithm, rl.Algorithm)
+		add("burst", ol.Burst, rl.Burst)
+		add("name", ol.Name, rl.Name)
+		add("replaces", strings.Join(ol.Replaces, ","), strings.Join(rl.Replaces, ","))
+		if !ol.Unlimited && !rl.Unlimited && (ol.Window() != rl.Window() || ol.Algorithm != rl.Algorithm) {
+			out = append(out, "its counters start afresh (the window or algorithm is part of the counter key)")
+		}
+	}
+	add("shadow_mode", o.ShadowMode, r.ShadowMode)
+	add("quota_mode", o.QuotaMode, r.QuotaMode)
+	add("failure_mode", o.FailureMode, r.FailureMode)
+	add("detailed_metric", o.DetailedMetric, r.DetailedMetric)
+	if o.ShareThreshold != r.ShareThreshold {
+		out = append(out, fmt.Sprintf("share_threshold %v -> %v: its counters start afresh", o.ShareThreshold, r.ShareThreshold))
+	}
+	return out
+}
