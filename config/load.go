@@ -28,6 +28,20 @@ func Load(paths ...string) (*Snapshot, error) {
 // LoadContext is [Load], stopped early (with an error) once ctx is done:
 // a reload that a newer change makes moot need not finish.
 func LoadContext(ctx context.Context, paths ...string) (*Snapshot, error) {
+	return LoadWith(ctx, Options{}, paths...)
+}
+
+// Options change how a set of rules files is read.
+type Options struct {
+	// MergeDomains merges files that share a domain, as
+	// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does: their top-level
+	// descriptors form one domain, and a descriptor two files define is
+	// an error naming both. Without it a domain in two files is an error.
+	MergeDomains bool
+}
+
+// LoadWith is [LoadContext] with opts.
+func LoadWith(ctx context.Context, opts Options, paths ...string) (*Snapshot, error) {
 	files, err := listFiles(paths)
 	if err != nil {
 		return nil, err
@@ -52,7 +66,11 @@ func LoadContext(ctx context.Context, paths ...string) (*Snapshot, error) {
 			continue
 		}
 		if prev, dup := snap.domains[d.Name]; dup {
-			errs = append(errs, &Error{File: f, Msg: fmt.Sprintf("duplicate domain %q (already defined in %s)", d.Name, prev.File)})
+			if !opts.MergeDomains {
+				errs = append(errs, &Error{File: f, Msg: fmt.Sprintf("duplicate domain %q (already defined in %s; --merge-domains merges them)", d.Name, prev.File)})
+				continue
+			}
+			errs = append(errs, prev.merge(d)...)
 			continue
 		}
 		snap.domains[d.Name] = d

@@ -13,8 +13,9 @@ import (
 // symlink swaps gives one reload.
 const DefaultDebounce = 200 * time.Millisecond
 
-// Watch loads the rules at paths whenever something changes there, until
-// ctx is done, and calls onLoad with each new snapshot — or with the error
+// Watch loads the rules at paths, read with opts, whenever something
+// changes there, until ctx is done, and calls onLoad with each new
+// snapshot — or with the error
 // when the rules became invalid (the caller keeps the rules in force).
 // A load whose files hash like the last good one is not reported. It
 // watches each path and its parent directory, non-recursively, which
@@ -22,7 +23,7 @@ const DefaultDebounce = 200 * time.Millisecond
 // it, a symlink to a directory being swapped (ln -sfn), and Kubernetes
 // ConfigMap updates (the "..data" symlink swap inside the mounted
 // directory). It returns an error only when it cannot start watching.
-func Watch(ctx context.Context, paths []string, debounce time.Duration, lastHash string, onLoad func(*Snapshot, error)) error {
+func Watch(ctx context.Context, paths []string, opts Options, debounce time.Duration, lastHash string, onLoad func(*Snapshot, error)) error {
 	if debounce <= 0 {
 		debounce = DefaultDebounce
 	}
@@ -57,7 +58,7 @@ func Watch(ctx context.Context, paths []string, debounce time.Duration, lastHash
 		lctx, cancel = context.WithCancel(ctx)
 		loading, stale, due = true, false, false
 		go func() {
-			snap, err := LoadContext(lctx, paths...)
+			snap, err := LoadWith(lctx, opts, paths...)
 			results <- result{snap, err}
 		}()
 	}

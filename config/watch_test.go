@@ -56,7 +56,7 @@ func watchFor(t *testing.T, path string) *loads {
 	l := &loads{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Watch(ctx, []string{path}, 50*time.Millisecond, first.Hash, l.add) }()
+	go func() { done <- Watch(ctx, []string{path}, Options{}, 50*time.Millisecond, first.Hash, l.add) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -152,3 +152,33 @@ func TestHealthcheckAndDebug(t *testing.T) {
 		t.Errorf("dynamic_metadata decisions = %s, want %s", s, want)
 	}
 }
+
+// TestMergeDomainsFlag: two files of one domain in the rules directory
+// are a startup error, unless --merge-domains merges them; check-config
+// takes the same flag.
+func TestMergeDomainsFlag(t *testing.T) {
+	dir := t.TempDir()
+	for name, key := range map[string]string{"a.yaml": "a", "b.yaml": "b"} {
+		body := "domain: merged\ndescriptors:\n  - key: " + key + "\n    rate_limit: {unit: hour, requests_per_unit: 5}\n"
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out syncBuffer
+	if err := run(context.Background(), []string{"--config", dir}, env(nil), &out); err == nil || !strings.Contains(err.Error(), `duplicate domain "merged"`) {
+		t.Fatalf("without --merge-domains: %v", err)
+	}
+	var chk syncBuffer
+	if err := run(context.Background(), []string{"check-config", "--merge-domains", dir}, env(nil), &chk); err != nil {
+		t.Fatalf("check-config --merge-domains: %v\n%s", err, chk.String())
+	}
+	in := start(t, env(map[string]string{"RATELIMITD_MERGE_DOMAINS": "true"}), "--config", dir)
+	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
+	for _, key := range []string{"a", "b"} {
+		resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "merged",
+			Descriptors: []*rlcommon.RateLimitDescriptor{desc(key, "v")}})
+		if err != nil || resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != 5 {
+			t.Errorf("%s: %v, %v; want the limit of its file", key, resp, err)
+		}
+	}
+}

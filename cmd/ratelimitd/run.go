@@ -64,7 +64,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	log.Info("starting", "version", version, "go", runtime.Version())
 
 	m := metrics.New(version)
-	rules, err := config.Load(s.config)
+	loadOpts := config.Options{MergeDomains: s.mergeDomains}
+	rules, err := config.LoadWith(ctx, loadOpts, s.config)
 	if err != nil {
 		return fmt.Errorf("rules: %w", err)
 	}
@@ -143,7 +144,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	}
 	reloaders.Go(func() {
 		onHUP(reloadCtx, func() {
-			apply(config.Load(s.config))
+			apply(config.LoadWith(reloadCtx, loadOpts, s.config))
 			for _, id := range ids {
 				reloadTLS(id)
 			}
@@ -151,7 +152,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	})
 	if s.watch {
 		reloaders.Go(func() {
-			if err := config.Watch(reloadCtx, []string{s.config}, 0, rules.Hash, apply); err != nil {
+			if err := config.Watch(reloadCtx, []string{s.config}, loadOpts, 0, rules.Hash, apply); err != nil {
 				log.Error("cannot watch the rules; reload with SIGHUP", "err", err)
 			}
 		})

@@ -27,6 +27,7 @@ const DefaultGRPCMaxStreams = 100
 // settings are the process settings; the rules live in --config.
 type settings struct {
 	config          string
+	mergeDomains    bool
 	redisURL        string
 	redisPassFile   string
 	redisURLInArgs  bool // --redis-url came on the command line, visible to ps
@@ -62,6 +63,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("ratelimitd", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.StringVar(&s.config, "config", "", "rules: a YAML file, or a directory of *.yaml/*.yml files (required)")
+	fs.BoolVar(&s.mergeDomains, "merge-domains", false, "merge rules files that share a domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); a descriptor two files define is an error")
 	fs.StringVar(&s.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://); empty: the embedded in-memory store, limits per process")
 	fs.StringVar(&s.redisPassFile, "redis-password-file", "", "file holding Redis's password (instead of one in --redis-url, which ps shows); a trailing newline is ignored")
 	fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081", "gRPC listen address")

@@ -27,8 +27,9 @@ import (
 func checkConfig(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("ratelimitd check-config", flag.ContinueOnError)
 	fs.SetOutput(out)
+	merge := fs.Bool("merge-domains", false, "merge files that share a domain, as the server's --merge-domains")
 	fs.Usage = func() {
-		fmt.Fprintln(out, "usage: ratelimitd check-config PATH...  (rules files or directories, checked as one set)")
+		fmt.Fprintln(out, "usage: ratelimitd check-config [--merge-domains] PATH...  (rules files or directories, checked as one set)")
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -37,7 +38,7 @@ func checkConfig(ctx context.Context, args []string, out io.Writer) error {
 		fs.Usage()
 		return errors.New("check-config: no rules path given")
 	}
-	snap, err := config.LoadContext(ctx, fs.Args()...)
+	snap, err := config.LoadWith(ctx, config.Options{MergeDomains: *merge}, fs.Args()...)
 	if ctx.Err() != nil {
 		return errors.New("check-config: interrupted")
 	}
