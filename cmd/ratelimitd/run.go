@@ -62,6 +62,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	}
 	log := newLogger(s, logOut)
 	log.Info("starting", "version", version, "go", runtime.Version())
+	for _, v := range s.ignoredEnv {
+		log.Warn("--env-compat: variable ignored", "variable", v)
+	}
 
 	m := metrics.New(version)
 	loadOpts := config.Options{MergeDomains: s.mergeDomains}
@@ -205,7 +208,7 @@ func newStore(ctx context.Context, s *settings, tlsID *identity, m *metrics.Metr
 		return memstore.New(memstore.Options{}), func() {}, nil
 	}
 	redis.SetLogger(redisLogger{log})
-	var password string
+	password := s.redisPassword
 	if s.redisPassFile != "" {
 		b, err := os.ReadFile(s.redisPassFile)
 		if err != nil {

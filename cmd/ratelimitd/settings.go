@@ -30,7 +30,10 @@ type settings struct {
 	mergeDomains    bool
 	redisURL        string
 	redisPassFile   string
-	redisURLInArgs  bool // --redis-url came on the command line, visible to ps
+	redisPassword   string   // from --env-compat's REDIS_AUTH
+	envCompat       string   // --env-compat
+	ignoredEnv      []string // the compat variables set but ignored, with why
+	redisURLInArgs  bool     // --redis-url came on the command line, visible to ps
 	grpcAddr        string
 	httpAddr        string
 	localCacheSize  byteSize
@@ -63,6 +66,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("ratelimitd", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.StringVar(&s.config, "config", "", "rules: a YAML file, or a directory of *.yaml/*.yml files (required)")
+	fs.StringVar(&s.envCompat, "env-compat", "", "read another rate limiter's environment variables beneath ratelimitd's own flags and variables: envoyproxy (see the README's table)")
 	fs.BoolVar(&s.mergeDomains, "merge-domains", false, "merge rules files that share a domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); a descriptor two files define is an error")
 	fs.StringVar(&s.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://); empty: the embedded in-memory store, limits per process")
 	fs.StringVar(&s.redisPassFile, "redis-password-file", "", "file holding Redis's password (instead of one in --redis-url, which ps shows); a trailing newline is ignored")
@@ -112,6 +116,23 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 func parseSettings(args []string, getenv func(string) string, out io.Writer) (*settings, error) {
 	s := &settings{}
 	fs := newFlagSet(s, out)
+	// Another limiter's variables come first, so that ratelimitd's own
+	// variables and then its flags win over them.
+	if compat := compatFrom(args, getenv); compat != "" {
+		if compat != "envoyproxy" {
+			return nil, fmt.Errorf("--env-compat %q: want envoyproxy", compat)
+		}
+		flags, password, ignored, err := envoyproxyEnv(getenv)
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range flags {
+			if err := fs.Set(f[0], f[1]); err != nil {
+				return nil, fmt.Errorf("--env-compat=envoyproxy: --%s=%q: %w", f[0], redisstore.Redact(f[1]), err)
+			}
+		}
+		s.redisPassword, s.ignoredEnv = password, ignored
+	}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		name := envPrefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
@@ -164,6 +185,25 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, fmt.Errorf("--drain-delay must not be negative, got %v", s.drainDelay)
 	}
 	return s, nil
+}
+
+// compatFrom finds --env-compat before the flags are parsed: on the
+// command line, else in RATELIMITD_ENV_COMPAT.
+func compatFrom(args []string, getenv func(string) string) string {
+	v := getenv(envPrefix + "ENV_COMPAT")
+	for i, a := range args {
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if name != "env-compat" || !strings.HasPrefix(a, "-") {
+			continue
+		}
+		switch {
+		case hasVal:
+			v = val
+		case i+1 < len(args):
+			v = args[i+1]
+		}
+	}
+	return v
 }
 
 // byteSize is a byte count with an optional KiB, MiB or GiB suffix.

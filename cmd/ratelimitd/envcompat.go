@@ -1,0 +1,194 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// envSetting is one of envoyproxy/ratelimit's environment variables, as
+// --env-compat=envoyproxy reads it.
+type envSetting struct {
+	name string
+	// flag is the ratelimitd flag it sets ("" when it is read with
+	// others, or ignored); ignore says why ratelimitd does without it;
+	// refuse says why it cannot honour a value other than ok.
+	flag   string
+	ignore string
+	refuse string
+	ok     []string // values that need no flag (refuse applies to others)
+}
+
+// envoyproxySettings are the incumbent's variables and what becomes of
+// each. Those read together (Redis address, runtime directory, listen
+// addresses) are handled in envoyproxyEnv; the README lists them all.
+var envoyproxySettings = []envSetting{
+	{name: "LOCAL_CACHE_SIZE_IN_BYTES", flag: "local-cache-size"},
+	{name: "CACHE_KEY_PREFIX", flag: "key-prefix"},
+	{name: "SHADOW_MODE", flag: "shadow-mode"},
+	{name: "MERGE_DOMAIN_CONFIG", flag: "merge-domains"},
+	{name: "NEAR_LIMIT_RATIO", flag: "near-limit-ratio"},
+	{name: "LOG_FORMAT", flag: "log-format"},
+	{name: "GRPC_SERVER_TLS_CERT", flag: "grpc-tls-cert"},
+	{name: "GRPC_SERVER_TLS_KEY", flag: "grpc-tls-key"},
+	{name: "GRPC_CLIENT_TLS_CACERT", flag: "grpc-client-ca"},
+	{name: "REDIS_TLS_CACERT", flag: "redis-tls-ca"},
+	{name: "REDIS_TLS_CLIENT_CERT", flag: "redis-tls-cert"},
+	{name: "REDIS_TLS_CLIENT_KEY", flag: "redis-tls-key"},
+	{name: "BACKEND_TYPE", ok: []string{"redis"}, refuse: "ratelimitd keeps counters in Redis (or in process); there is no memcache backend"},
+	{name: "CONFIG_TYPE", ok: []string{"FILE"}, refuse: "rules over xDS are not supported yet; use files"},
+	{name: "REDIS_PERSECOND", ok: []string{"false"}, refuse: "a separate per-second Redis is not supported yet"},
+	{name: "REDIS_SENTINEL_AUTH", refuse: "sentinels that require a password are not supported"},
+	{name: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", ok: []string{"false"}, refuse: "ratelimitd always verifies Redis's certificate name"},
+	{name: "GRPC_CLIENT_TLS_SAN", refuse: "client certificates are verified against --grpc-client-ca, not a SAN"},
+	{name: "GRPC_UDS", refuse: "gRPC on a unix socket is not supported"},
+	{name: "QUOTA_MODE", ok: []string{"false"}, refuse: "global quota mode is not supported; set quota_mode on the rules"},
+	{name: "LIMIT_LIMIT_HEADER", ok: []string{"RateLimit-Limit"}, refuse: "header names are not configurable"},
+	{name: "LIMIT_REMAINING_HEADER", ok: []string{"RateLimit-Remaining"}, refuse: "header names are not configurable"},
+	{name: "LIMIT_RESET_HEADER", ok: []string{"RateLimit-Reset"}, refuse: "header names are not configurable"},
+	{name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", ignore: "a rejected request never consumes, always"},
+	{name: "EXPIRATION_JITTER_MAX_SECONDS", ignore: "keys expire at their window's end, set in the same script"},
+	{name: "RESPONSE_DYNAMIC_METADATA", ignore: "rule metadata is not returned; --decision-metadata explains decisions"},
+	{name: "RUNTIME_WATCH_ROOT", ignore: "the rules directory is watched for every kind of change"},
+	{name: "RUNTIME_IGNOREDOTFILES", ignore: "dot files are always skipped"},
+	{name: "USE_STATSD", ignore: "metrics are Prometheus, on the HTTP port's /metrics"},
+	{name: "STATSD_HOST", ignore: "metrics are Prometheus, on the HTTP port's /metrics"},
+	{name: "STATSD_PORT", ignore: "metrics are Prometheus, on the HTTP port's /metrics"},
+	{name: "USE_DOG_STATSD", ignore: "metrics are Prometheus, on the HTTP port's /metrics"},
+	{name: "USE_PROMETHEUS", ignore: "metrics are always Prometheus, on the HTTP port's /metrics"},
+	{name: "PROMETHEUS_ADDR", ignore: "metrics are served on the HTTP port's /metrics"},
+	{name: "PROMETHEUS_PATH", ignore: "metrics are served on /metrics"},
+	{name: "EXTRA_TAGS", ignore: "Prometheus labels come from the scrape configuration"},
+	{name: "STATS_FLUSH_INTERVAL", ignore: "Prometheus scrapes; nothing is flushed"},
+	{name: "DISABLE_STATS", ignore: "metrics cost nothing until scraped"},
+	{name: "REDIS_POOL_SIZE", ignore: "one batching connection per Redis serves every request (--redis-dispatchers)"},
+	{name: "REDIS_PIPELINE_WINDOW", ignore: "requests are batched with no added wait"},
+	{name: "REDIS_PIPELINE_LIMIT", ignore: "requests are batched with no added wait"},
+	{name: "REDIS_TIMEOUT", ignore: "every Redis call is bounded by --redis-timeout (50ms)"},
+	{name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", ignore: "calls are bounded by --redis-timeout"},
+	{name: "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", ignore: "health stays SERVING and Redis failures answer by failure_mode"},
+	{name: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", ignore: "the service never starts without valid rules"},
+	{name: "GRPC_MAX_CONNECTION_AGE", ignore: "fixed at 24h"},
+	{name: "GRPC_MAX_CONNECTION_AGE_GRACE", ignore: "fixed at 1h"},
+	{name: "TRACING_ENABLED", ignore: "tracing is not supported"},
+	{name: "FORCE_START_WITHOUT_INITIAL_CONFIG", ignore: "the service never starts without valid rules"},
+}
+
+// envoyproxyEnv reads envoyproxy/ratelimit's environment: the flag values
+// it stands for, a Redis password (REDIS_AUTH), the variables set but
+// ignored (with why), or an error naming a variable whose meaning
+// ratelimitd cannot honour.
+func envoyproxyEnv(getenv func(string) string) (flags [][2]string, password string, ignored []string, err error) {
+	set := func(flag, v string) { flags = append(flags, [2]string{flag, v}) }
+	for _, e := range envoyproxySettings {
+		v := getenv(e.name)
+		switch {
+		case v == "":
+		case e.flag != "":
+			set(e.flag, v)
+		case e.refuse != "" && !slices.ContainsFunc(e.ok, func(ok string) bool { return strings.EqualFold(ok, v) }):
+			return nil, "", nil, fmt.Errorf("--env-compat=envoyproxy: %s=%q: %s", e.name, v, e.refuse)
+		case e.ignore != "":
+			ignored = append(ignored, e.name+": "+e.ignore)
+		}
+	}
+	if v := getenv("LOG_LEVEL"); v != "" {
+		set("log-level", strings.ToLower(v))
+	}
+	if b, _ := strconv.ParseBool(getenv("LIMIT_RESPONSE_HEADERS_ENABLED")); b {
+		set("response-headers", "legacy")
+	}
+	if b, _ := strconv.ParseBool(getenv("GRPC_SERVER_USE_TLS")); !b && getenv("GRPC_SERVER_TLS_CERT") != "" {
+		return nil, "", nil, fmt.Errorf("--env-compat=envoyproxy: GRPC_SERVER_TLS_CERT is set but GRPC_SERVER_USE_TLS is not true")
+	}
+	// Listen addresses: HOST:PORT and GRPC_HOST:GRPC_PORT.
+	for _, l := range []struct{ host, port, flag string }{{"HOST", "PORT", "http-addr"}, {"GRPC_HOST", "GRPC_PORT", "grpc-addr"}, {"DEBUG_HOST", "DEBUG_PORT", "debug-addr"}} {
+		h, p := getenv(l.host), getenv(l.port)
+		if p == "" && h == "" {
+			continue
+		}
+		if p == "" {
+			return nil, "", nil, fmt.Errorf("--env-compat=envoyproxy: %s is set without %s", l.host, l.port)
+		}
+		set(l.flag, net.JoinHostPort(h, p))
+	}
+	// The rules: ROOT/SUBDIRECTORY/APPDIRECTORY.
+	if sub := getenv("RUNTIME_SUBDIRECTORY"); sub != "" {
+		root, app := getenv("RUNTIME_ROOT"), getenv("RUNTIME_APPDIRECTORY")
+		if root == "" {
+			root = "/srv/runtime_data/current"
+		}
+		if app == "" {
+			app = "config"
+		}
+		set("config", filepath.Join(root, sub, app))
+	}
+	u, mode, err := envoyproxyRedisURL(getenv)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if u != "" {
+		set("redis-url", u)
+		set("redis-mode", mode)
+	}
+	// REDIS_AUTH is "password" or "user:password"; the user is in the URL.
+	password = getenv("REDIS_AUTH")
+	if _, pass, ok := strings.Cut(password, ":"); ok {
+		password = pass
+	}
+	return flags, password, ignored, nil
+}
+
+// envoyproxyRedisURL builds a Redis URL and mode from REDIS_TYPE,
+// REDIS_URL, REDIS_SOCKET_TYPE, REDIS_TLS and REDIS_AUTH's user.
+func envoyproxyRedisURL(getenv func(string) string) (string, string, error) {
+	raw := getenv("REDIS_URL")
+	if raw == "" {
+		return "", "", nil
+	}
+	scheme := "redis"
+	if b, _ := strconv.ParseBool(getenv("REDIS_TLS")); b {
+		scheme = "rediss"
+	}
+	user := ""
+	if u, _, ok := strings.Cut(getenv("REDIS_AUTH"), ":"); ok && u != "" {
+		user = u + "@"
+	}
+	typ := strings.ToLower(getenv("REDIS_TYPE"))
+	switch typ {
+	case "", "single":
+		if strings.Contains(raw, "://") {
+			return raw, "single", nil
+		}
+		// The incumbent's default socket type is unix.
+		if st := strings.ToLower(getenv("REDIS_SOCKET_TYPE")); st == "" || st == "unix" {
+			return "unix://" + raw, "single", nil
+		}
+		return scheme + "://" + user + raw, "single", nil
+	case "sentinel":
+		parts := strings.Split(raw, ",")
+		if len(parts) < 2 {
+			return "", "", fmt.Errorf("--env-compat=envoyproxy: REDIS_URL %q: want <master name>,<sentinel host:port>,...", raw)
+		}
+		u := scheme + "://" + user + parts[1] + "?master_name=" + parts[0]
+		for _, a := range parts[2:] {
+			u += "&addr=" + a
+		}
+		return u, "sentinel", nil
+	case "cluster":
+		parts := strings.Split(raw, ",")
+		u := scheme + "://" + user + parts[0]
+		for i, a := range parts[1:] {
+			sep := "&"
+			if i == 0 {
+				sep = "?"
+			}
+			u += sep + "addr=" + a
+		}
+		return u, "cluster", nil
+	}
+	return "", "", fmt.Errorf("--env-compat=envoyproxy: REDIS_TYPE %q: want SINGLE, SENTINEL or CLUSTER", getenv("REDIS_TYPE"))
+}
