@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -40,7 +41,6 @@ var envoyproxySettings = []envSetting{
 	{name: "REDIS_TLS_CLIENT_KEY", flag: "redis-tls-key"},
 	{name: "BACKEND_TYPE", ok: []string{"redis"}, refuse: "ratelimitd keeps counters in Redis (or in process); there is no memcache backend"},
 	{name: "CONFIG_TYPE", ok: []string{"FILE"}, refuse: "rules over xDS are not supported yet; use files"},
-	{name: "REDIS_PERSECOND", ok: []string{"false"}, refuse: "a separate per-second Redis is not supported yet"},
 	{name: "REDIS_SENTINEL_AUTH", refuse: "sentinels that require a password are not supported"},
 	{name: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", ok: []string{"false"}, refuse: "ratelimitd always verifies Redis's certificate name"},
 	{name: "GRPC_CLIENT_TLS_SAN", refuse: "client certificates are verified against --grpc-client-ca, not a SAN"},
@@ -126,13 +126,33 @@ func envoyproxyEnv(getenv func(string) string) (flags [][2]string, password stri
 		}
 		set("config", filepath.Join(root, sub, app))
 	}
-	u, mode, err := envoyproxyRedisURL(getenv)
+	u, mode, err := envoyproxyRedisURL(getenv, "REDIS_")
 	if err != nil {
 		return nil, "", nil, err
 	}
 	if u != "" {
 		set("redis-url", u)
 		set("redis-mode", mode)
+	}
+	if b, _ := strconv.ParseBool(getenv("REDIS_PERSECOND")); b {
+		pu, pmode, err := envoyproxyRedisURL(getenv, "REDIS_PERSECOND_")
+		switch {
+		case err != nil:
+			return nil, "", nil, err
+		case pu == "":
+			return nil, "", nil, fmt.Errorf("--env-compat=envoyproxy: REDIS_PERSECOND=true without REDIS_PERSECOND_URL")
+		case pmode != mode:
+			return nil, "", nil, fmt.Errorf("--env-compat=envoyproxy: REDIS_PERSECOND_TYPE %s differs from REDIS_TYPE %s: the per-second Redis takes the main one's mode", pmode, mode)
+		}
+		// Its password goes in its URL: --redis-password-file is the
+		// main Redis's.
+		if auth := getenv("REDIS_PERSECOND_AUTH"); auth != "" && !strings.Contains(pu, "@") {
+			if _, pass, ok := strings.Cut(auth, ":"); ok {
+				auth = pass
+			}
+			pu = strings.Replace(pu, "://", "://"+url.UserPassword("", auth).String()+"@", 1)
+		}
+		set("redis-persecond-url", pu)
 	}
 	// REDIS_AUTH is "password" or "user:password"; the user is in the URL.
 	password = getenv("REDIS_AUTH")
@@ -142,36 +162,37 @@ func envoyproxyEnv(getenv func(string) string) (flags [][2]string, password stri
 	return flags, password, ignored, nil
 }
 
-// envoyproxyRedisURL builds a Redis URL and mode from REDIS_TYPE,
-// REDIS_URL, REDIS_SOCKET_TYPE, REDIS_TLS and REDIS_AUTH's user.
-func envoyproxyRedisURL(getenv func(string) string) (string, string, error) {
-	raw := getenv("REDIS_URL")
+// envoyproxyRedisURL builds a Redis URL and mode from the variables
+// starting with prefix ("REDIS_" or "REDIS_PERSECOND_"): TYPE, URL,
+// SOCKET_TYPE, TLS and AUTH's user.
+func envoyproxyRedisURL(getenv func(string) string, prefix string) (string, string, error) {
+	raw := getenv(prefix + "URL")
 	if raw == "" {
 		return "", "", nil
 	}
 	scheme := "redis"
-	if b, _ := strconv.ParseBool(getenv("REDIS_TLS")); b {
+	if b, _ := strconv.ParseBool(getenv(prefix + "TLS")); b {
 		scheme = "rediss"
 	}
 	user := ""
-	if u, _, ok := strings.Cut(getenv("REDIS_AUTH"), ":"); ok && u != "" {
+	if u, _, ok := strings.Cut(getenv(prefix+"AUTH"), ":"); ok && u != "" {
 		user = u + "@"
 	}
-	typ := strings.ToLower(getenv("REDIS_TYPE"))
+	typ := strings.ToLower(getenv(prefix + "TYPE"))
 	switch typ {
 	case "", "single":
 		if strings.Contains(raw, "://") {
 			return raw, "single", nil
 		}
 		// The incumbent's default socket type is unix.
-		if st := strings.ToLower(getenv("REDIS_SOCKET_TYPE")); st == "" || st == "unix" {
+		if st := strings.ToLower(getenv(prefix + "SOCKET_TYPE")); st == "" || st == "unix" {
 			return "unix://" + raw, "single", nil
 		}
 		return scheme + "://" + user + raw, "single", nil
 	case "sentinel":
 		parts := strings.Split(raw, ",")
 		if len(parts) < 2 {
-			return "", "", fmt.Errorf("--env-compat=envoyproxy: REDIS_URL %q: want <master name>,<sentinel host:port>,...", raw)
+			return "", "", fmt.Errorf("--env-compat=envoyproxy: %sURL %q: want <master name>,<sentinel host:port>,...", prefix, raw)
 		}
 		u := scheme + "://" + user + parts[1] + "?master_name=" + parts[0]
 		for _, a := range parts[2:] {
@@ -190,5 +211,5 @@ func envoyproxyRedisURL(getenv func(string) string) (string, string, error) {
 		}
 		return u, "cluster", nil
 	}
-	return "", "", fmt.Errorf("--env-compat=envoyproxy: REDIS_TYPE %q: want SINGLE, SENTINEL or CLUSTER", getenv("REDIS_TYPE"))
+	return "", "", fmt.Errorf("--env-compat=envoyproxy: %sTYPE %q: want SINGLE, SENTINEL or CLUSTER", prefix, getenv(prefix+"TYPE"))
 }

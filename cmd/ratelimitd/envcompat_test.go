@@ -20,11 +20,12 @@ import (
 // TestEnvoyproxyEnvironment starts ratelimitd with the environment of
 // envoyproxy/ratelimit's integration tests and nothing else but
 // RATELIMITD_ENV_COMPAT: it finds the rules under RUNTIME_ROOT, listens
-// on PORT and GRPC_PORT, and decides them in the Redis of REDIS_URL; the
+// on PORT and GRPC_PORT, and decides them in the Redis of REDIS_URL, the
+// per-second counters in that of REDIS_PERSECOND_URL; the
 // variables it ignores are listed; one it cannot honour is a startup
 // error naming it.
 func TestEnvoyproxyEnvironment(t *testing.T) {
-	srv := redistest.Start(t)
+	srv, perSecond := redistest.Start(t), redistest.Start(t)
 	admin := srv.Client()
 	if err := admin.ConfigSet(context.Background(), "requirepass", "password123").Err(); err != nil {
 		t.Fatal(err)
@@ -45,20 +46,23 @@ func TestEnvoyproxyEnvironment(t *testing.T) {
 	_, httpPort, _ := net.SplitHostPort(freeAddr(t))
 	_, grpcPort, _ := net.SplitHostPort(freeAddr(t))
 	vars := map[string]string{
-		"RATELIMITD_ENV_COMPAT":     "envoyproxy",
-		"REDIS_SOCKET_TYPE":         "tcp",
-		"REDIS_URL":                 srv.Addr(),
-		"REDIS_AUTH":                "password123",
-		"RUNTIME_ROOT":              root,
-		"RUNTIME_SUBDIRECTORY":      "ratelimit",
-		"RUNTIME_WATCH_ROOT":        "false",
-		"USE_STATSD":                "false",
-		"LOG_LEVEL":                 "DEBUG",
-		"HOST":                      "127.0.0.1",
-		"PORT":                      httpPort,
-		"GRPC_HOST":                 "127.0.0.1",
-		"GRPC_PORT":                 grpcPort,
-		"LOCAL_CACHE_SIZE_IN_BYTES": "1048576",
+		"RATELIMITD_ENV_COMPAT":       "envoyproxy",
+		"REDIS_SOCKET_TYPE":           "tcp",
+		"REDIS_URL":                   srv.Addr(),
+		"REDIS_AUTH":                  "password123",
+		"RUNTIME_ROOT":                root,
+		"RUNTIME_SUBDIRECTORY":        "ratelimit",
+		"RUNTIME_WATCH_ROOT":          "false",
+		"USE_STATSD":                  "false",
+		"LOG_LEVEL":                   "DEBUG",
+		"HOST":                        "127.0.0.1",
+		"PORT":                        httpPort,
+		"GRPC_HOST":                   "127.0.0.1",
+		"GRPC_PORT":                   grpcPort,
+		"LOCAL_CACHE_SIZE_IN_BYTES":   "1048576",
+		"REDIS_PERSECOND":             "true",
+		"REDIS_PERSECOND_SOCKET_TYPE": "tcp",
+		"REDIS_PERSECOND_URL":         perSecond.Addr(),
 	}
 	var log syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
@@ -104,8 +108,13 @@ func TestEnvoyproxyEnvironment(t *testing.T) {
 	// Decided in that Redis, with REDIS_AUTH.
 	authed := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: "password123"})
 	defer authed.Close()
-	if n, err := authed.DBSize(context.Background()).Result(); err != nil || n < 2 {
-		t.Errorf("%d keys in Redis, %v; want the counters of both domains", n, err)
+	// The per-minute counter in REDIS_URL's Redis, the per-second one in
+	// REDIS_PERSECOND_URL's.
+	if n, err := authed.DBSize(context.Background()).Result(); err != nil || n != 1 {
+		t.Errorf("%d keys in the main Redis, %v; want the per-minute counter", n, err)
+	}
+	if n, err := perSecond.Client().DBSize(context.Background()).Result(); err != nil || n != 1 {
+		t.Errorf("%d keys in the per-second Redis, %v; want the per-second counter", n, err)
 	}
 	if !strings.Contains(log.String(), "USE_STATSD: metrics are Prometheus") {
 		t.Errorf("ignored variable not listed:\n%s", log.String())
@@ -115,7 +124,7 @@ func TestEnvoyproxyEnvironment(t *testing.T) {
 	}
 
 	// What it cannot honour is a startup error naming the variable.
-	for name, val := range map[string]string{"BACKEND_TYPE": "memcache", "CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_PERSECOND": "true"} {
+	for name, val := range map[string]string{"BACKEND_TYPE": "memcache", "CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SENTINEL_AUTH": "x"} {
 		bad := map[string]string{"RATELIMITD_ENV_COMPAT": "envoyproxy", "RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", name: val}
 		if err := run(context.Background(), nil, env(bad), &syncBuffer{}); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s=%s: %v, want a startup error naming it", name, val, err)

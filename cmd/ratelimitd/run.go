@@ -26,6 +26,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
+	"github.com/ratelimitd/ratelimitd/internal/persecond"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -36,6 +37,7 @@ var (
 	_ service.Store = (*redisstore.Store)(nil)
 	_ service.Store = (*memstore.Store)(nil)
 	_ service.Cache = (*overlimitcache.Cache)(nil)
+	_ service.Store = (*persecond.Store)(nil)
 )
 
 // run starts the service with args and the environment behind getenv, and
@@ -241,7 +243,23 @@ func newStore(ctx context.Context, s *settings, tlsID *identity, m *metrics.Metr
 	} else {
 		log.Info("redis ready", "mode", rs.Mode())
 	}
-	return rs, func() { _ = rs.Close() }, nil
+	if s.redisPerSecondURL == "" {
+		return rs, func() { _ = rs.Close() }, nil
+	}
+	// The per-second Redis: the same mode, TLS files and timeouts; its
+	// password is its URL's.
+	opts.URL, opts.Password = s.redisPerSecondURL, ""
+	fast, err := redisstore.New(opts)
+	if err != nil {
+		_ = rs.Close()
+		return nil, nil, fmt.Errorf("--redis-persecond-url: %w", err)
+	}
+	if err := fast.Ping(ctx); err != nil {
+		log.Warn("per-second redis does not answer yet; answering by failure_mode until it does", "err", err)
+	} else {
+		log.Info("per-second redis ready: counters of one-second windows live there")
+	}
+	return &persecond.Store{Main: rs, PerSecond: fast}, func() { _ = fast.Close(); _ = rs.Close() }, nil
 }
 
 // onHUP calls reload on each SIGHUP until ctx is done.

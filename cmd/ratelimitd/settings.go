@@ -26,40 +26,41 @@ const DefaultGRPCMaxStreams = 100
 
 // settings are the process settings; the rules live in --config.
 type settings struct {
-	config          string
-	mergeDomains    bool
-	redisURL        string
-	redisPassFile   string
-	redisPassword   string   // from --env-compat's REDIS_AUTH
-	envCompat       string   // --env-compat
-	ignoredEnv      []string // the compat variables set but ignored, with why
-	redisURLInArgs  bool     // --redis-url came on the command line, visible to ps
-	grpcAddr        string
-	httpAddr        string
-	localCacheSize  byteSize
-	shadowMode      bool
-	responseHeaders headersFlag
-	redisTimeout    time.Duration
-	breakerAfter    time.Duration
-	keyPrefix       string
-	logLevel        slog.Level
-	logFormat       string
-	drainDelay      time.Duration
-	failureMode     config.FailureMode
-	redisMode       string
-	redisTLSCA      string
-	redisTLSCert    string
-	redisTLSKey     string
-	grpcTLSCert     string
-	grpcTLSKey      string
-	grpcClientCA    string
-	grpcMaxMessage  byteSize
-	grpcMaxStreams  uint32
-	watch           bool
-	decisionMeta    bool
-	debugAddr       string
-	nearLimitRatio  float64
-	dispatchers     int
+	config            string
+	mergeDomains      bool
+	redisURL          string
+	redisPassFile     string
+	redisPerSecondURL string
+	redisPassword     string   // from --env-compat's REDIS_AUTH
+	envCompat         string   // --env-compat
+	ignoredEnv        []string // the compat variables set but ignored, with why
+	redisURLInArgs    bool     // --redis-url came on the command line, visible to ps
+	grpcAddr          string
+	httpAddr          string
+	localCacheSize    byteSize
+	shadowMode        bool
+	responseHeaders   headersFlag
+	redisTimeout      time.Duration
+	breakerAfter      time.Duration
+	keyPrefix         string
+	logLevel          slog.Level
+	logFormat         string
+	drainDelay        time.Duration
+	failureMode       config.FailureMode
+	redisMode         string
+	redisTLSCA        string
+	redisTLSCert      string
+	redisTLSKey       string
+	grpcTLSCert       string
+	grpcTLSKey        string
+	grpcClientCA      string
+	grpcMaxMessage    byteSize
+	grpcMaxStreams    uint32
+	watch             bool
+	decisionMeta      bool
+	debugAddr         string
+	nearLimitRatio    float64
+	dispatchers       int
 }
 
 func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
@@ -69,6 +70,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.envCompat, "env-compat", "", "read another rate limiter's environment variables beneath ratelimitd's own flags and variables: envoyproxy (see the README's table)")
 	fs.BoolVar(&s.mergeDomains, "merge-domains", false, "merge rules files that share a domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); a descriptor two files define is an error")
 	fs.StringVar(&s.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://); empty: the embedded in-memory store, limits per process")
+	fs.StringVar(&s.redisPerSecondURL, "redis-persecond-url", "", "a second Redis for the counters of one-second windows (envoyproxy/ratelimit's REDIS_PERSECOND), with --redis-url's mode, TLS files and timeouts; a request spanning both stays all or nothing")
 	fs.StringVar(&s.redisPassFile, "redis-password-file", "", "file holding Redis's password (instead of one in --redis-url, which ps shows); a trailing newline is ignored")
 	fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081", "gRPC listen address")
 	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address (/json, /healthcheck, /rlconfig)")
@@ -171,14 +173,15 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, errors.New("--grpc-client-ca needs --grpc-tls-cert and --grpc-tls-key")
 	case s.grpcMaxMessage < 1024:
 		return nil, fmt.Errorf("--grpc-max-message-size must be at least 1024, got %d", s.grpcMaxMessage)
-	case s.redisURL == "" && (s.redisMode != "" || s.redisTLSCA != "" || s.redisTLSCert != "" || s.redisPassFile != ""):
-		return nil, errors.New("--redis-mode, --redis-password-file and --redis-tls-* need --redis-url")
+	case s.redisURL == "" && (s.redisMode != "" || s.redisTLSCA != "" || s.redisTLSCert != "" || s.redisPassFile != "" || s.redisPerSecondURL != ""):
+		return nil, errors.New("--redis-mode, --redis-password-file, --redis-persecond-url and --redis-tls-* need --redis-url")
 	case s.redisMode != "" && s.redisMode != redisstore.ModeSingle && s.redisMode != redisstore.ModeSentinel && s.redisMode != redisstore.ModeCluster:
 		return nil, fmt.Errorf("--redis-mode %q: want single, sentinel or cluster", s.redisMode)
 	case (s.redisTLSCert == "") != (s.redisTLSKey == ""):
 		return nil, errors.New("--redis-tls-cert and --redis-tls-key go together")
-	case (s.redisTLSCA != "" || s.redisTLSCert != "") && !strings.HasPrefix(s.redisURL, "rediss://"):
-		return nil, errors.New("--redis-tls-* need a rediss:// --redis-url")
+	case (s.redisTLSCA != "" || s.redisTLSCert != "") && (!strings.HasPrefix(s.redisURL, "rediss://") ||
+		s.redisPerSecondURL != "" && !strings.HasPrefix(s.redisPerSecondURL, "rediss://")):
+		return nil, errors.New("--redis-tls-* need rediss:// Redis URLs")
 	case s.nearLimitRatio <= 0 || s.nearLimitRatio > 1:
 		return nil, fmt.Errorf("--near-limit-ratio must be in (0, 1], got %v", s.nearLimitRatio)
 	case s.drainDelay < 0:

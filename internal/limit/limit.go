@@ -54,6 +54,20 @@ const MaxHits = 1 << 32
 // [MaxHits].
 func (c *Check) SaturatedHits() uint64 { return min(c.Hits, MaxHits) }
 
+// Subset returns copies of the checks at idx, each edited by edit when
+// it is set: a request's checks for one store, one hash slot, or a
+// refund.
+func Subset(checks []Check, idx []int, edit func(*Check)) []Check {
+	out := make([]Check, len(idx))
+	for j, i := range idx {
+		out[j] = checks[i]
+		if edit != nil {
+			edit(&out[j])
+		}
+	}
+	return out
+}
+
 // Result is a store's decision on one [Check].
 type Result struct {
 	// Over reports that the check's own hits would exceed its limit.

@@ -45,16 +45,7 @@ func groupBySlot(checks []limit.Check) []slotGroup {
 // window when the request straddles a boundary; it is never below zero.
 func (s *Store) evaluateGroups(ctx context.Context, deadline time.Time, checks []limit.Check, groups []slotGroup) ([]limit.Result, error) {
 	results := make([]limit.Result, len(checks))
-	sub := func(idx []int, edit func(*limit.Check)) []limit.Check {
-		out := make([]limit.Check, len(idx))
-		for j, i := range idx {
-			out[j] = checks[i]
-			if edit != nil {
-				edit(&out[j])
-			}
-		}
-		return out
-	}
+	sub := func(idx []int, edit func(*limit.Check)) []limit.Check { return limit.Subset(checks, idx, edit) }
 	for g, grp := range groups {
 		res, err := s.eval(ctx, deadline, sub(grp.idx, nil))
 		if err != nil {
