@@ -28,10 +28,10 @@ muts = [
     ("7 gRPC health SERVING while draining","internal/server/server.go","\ts.health.Shutdown()\n","","./internal/server","TestShutdownDrains"),
     ("8 store called inside the margin","internal/service/decide.go","return nil, ErrNoTime","_ = ErrNoTime","./internal/service","TestNoStoreCallInsideTheMargin"),
     ("9 refund below zero kept","internal/redisstore/scripts/decide.lua","        if c < 0 then c = 0 end\n","","./internal/redisstore","TestRefund$"),
-    ("10 hits not saturated (bypass)","internal/redisstore/redisstore.go","c.SaturatedHits()<<20","c.Hits<<20","./internal/redisstore","TestMatchesMemstore"),
+    ("10 hits not saturated (bypass)","internal/redisstore/script.go","c.SaturatedHits()<<20","c.Hits<<20","./internal/redisstore","TestMatchesMemstore"),
     ("11 parser without walk budget","config/limits.go","if p.walked > MaxWalkNodes {","if p.walked > MaxWalkNodes*1000 {","./config","TestBombsBounded"),
     ("12 no stream limit","cmd/ratelimitd/grpc.go","grpc.MaxConcurrentStreams(s.grpcMaxStreams),","","./cmd/ratelimitd","TestSlowReaderBounded"),
-    ("13 secret in URL error","internal/redisstore/client.go",'return nil, nil, "", urlError("parse --redis-url", opts.URL, err)','return nil, nil, "", fmt.Errorf("redisstore: parse --redis-url: %w", err)',"./internal/redisstore","TestURLErrorsHideSecrets"),
+    ("13 secret in URL error","internal/redisstore/client.go",'return nil, nil, "", urlError("parse the URL", opts.URL, err)','return nil, nil, "", fmt.Errorf("redisstore: parse the URL: %w", err)',"./internal/redisstore","TestURLErrorsHideSecrets"),
 ]
 only = sys.argv[1:]
 missed = 0
