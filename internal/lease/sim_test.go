@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
 // The brief's scenario (finding 11): 10 instances, a global limit of 600 a
@@ -103,13 +105,17 @@ func (s *staticSplit) admit(step, node int) bool {
 // request by a round trip too (a grant of one: exact).
 type leased struct {
 	window  int
-	taken   int // hits granted from the shared counter this window
+	counter limit.State // the shared counter, granted from by limit.Grant
+	found   bool
 	grant   [simNodes]int
 	pending [simNodes]int // step a refill ahead of need lands, -1 none
 	asked   [simNodes]int // its size
 	arrived [simNodes][]int
 	trips   int
 }
+
+// simCheck is the scenario's counter as the store sees it.
+var simCheck = limit.Check{Limit: simLimit, WindowUS: simWindow.Microseconds()}
 
 func newLeased() *leased {
 	l := &leased{}
@@ -129,11 +135,22 @@ func (l *leased) rate(node, step int) float64 {
 	return float64(len(recent))
 }
 
-func (l *leased) take(n int) int {
-	n = min(n, simLimit-l.taken)
-	l.taken += n
+// take asks the shared counter for a grant of n at step, as the grant
+// script will: never more than remains.
+func (l *leased) take(step, n int) int {
 	l.trips++
-	return n
+	g := limit.Grant(&simCheck, &l.counter, l.found, int64(step)*simStep.Microseconds(), uint64(n))
+	l.found = true
+	return int(g)
+}
+
+// remainingAt is what the shared counter has left at step, as the last
+// grant reply told (a new window starts full).
+func (l *leased) remainingAt(step int) uint64 {
+	if !l.found || l.counter.End <= int64(step)*simStep.Microseconds() {
+		return simLimit
+	}
+	return simLimit - min(simLimit, l.counter.Count)
 }
 
 func (l *leased) admit(step, node int) bool {
@@ -141,20 +158,21 @@ func (l *leased) admit(step, node int) bool {
 	if w != l.window {
 		// Grants of an ended window are never used in the next: what is
 		// left is lost unused (the window's budget is gone anyway).
-		arrived := l.arrived
+		arrived, counter, found := l.arrived, l.counter, l.found
 		*l = *newLeased()
-		l.window, l.arrived, l.trips = w, arrived, 0
+		l.window, l.arrived, l.counter, l.found = w, arrived, counter, found
 	}
 	l.arrived[node] = append(l.arrived[node], step)
 	if l.pending[node] >= 0 && l.pending[node] <= step {
-		l.grant[node] += l.take(l.asked[node])
+		l.grant[node] += l.take(step, l.asked[node])
 		l.pending[node] = -1
 	}
 	r := l.rate(node, step)
 	if l.grant[node] == 0 {
 		// Empty: the request waits one round trip for a grant.
-		g := GrantSize(r, DefaultInterval, uint64(simLimit-l.taken))
-		l.grant[node] += l.take(int(g))
+		// The counter's state is of the window it last saw: a grant
+		// call brings it to now.
+		l.grant[node] += l.take(step, int(max(1, GrantSize(r, DefaultInterval, l.remainingAt(step)))))
 		if l.grant[node] == 0 {
 			return false
 		}
@@ -162,7 +180,7 @@ func (l *leased) admit(step, node int) bool {
 	l.grant[node]--
 	// Refill ahead of need when the grant runs low.
 	if l.pending[node] < 0 && float64(l.grant[node]) < r*DefaultInterval.Seconds()/2 {
-		if g := GrantSize(r, DefaultInterval, uint64(simLimit-l.taken)); g > 1 {
+		if g := GrantSize(r, DefaultInterval, l.remainingAt(step)); g > 1 {
 			l.pending[node], l.asked[node] = step+int(simRTT/simStep), int(g)
 		}
 	}

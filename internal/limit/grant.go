@@ -1,0 +1,66 @@
+package limit
+
+// Grant takes up to n hits of c's counter at nowUS for a lease: as many
+// as remain in the window (fixed and sliding window) or as the bucket
+// holds (token bucket), never more, and consumes them now as n hits of a
+// request would be. So the grants of a window, whoever holds them, add up
+// to at most the limit. found says whether st holds a stored state. It
+// returns the hits granted (0: none remain) and updates st in place.
+func Grant(c *Check, st *State, found bool, nowUS int64, n uint64) uint64 {
+	if !found {
+		*st = State{}
+	}
+	*st = normalize(c, *st, nowUS)
+	n = min(n, MaxHits)
+	var g uint64
+	switch c.Algorithm {
+	case TokenBucket:
+		if c.Limit == 0 {
+			return 0
+		}
+		t := interval(c)
+		if room := capacity(c, t) - (st.TAT - nowUS); room > 0 {
+			g = min(n, uint64(room/t))
+		}
+		st.TAT += int64(g) * t
+	case SlidingWindow:
+		if est := estimate(c, st, nowUS); est < c.Limit {
+			g = min(n, c.Limit-est)
+		}
+		st.Count += g
+	default:
+		if st.Count < c.Limit {
+			g = min(n, c.Limit-st.Count)
+		}
+		st.Count += g
+	}
+	return g
+}
+
+// GiveBack returns k unused hits of a grant to c's counter at nowUS. A
+// window's hits go back only while the window the grant was taken in,
+// ending at windowEnd, is current: in a later window they would lower a
+// count they were never part of. A bucket takes tokens back at any time,
+// never past a full bucket. It reports whether the hits went back.
+func GiveBack(c *Check, st *State, found bool, nowUS, windowEnd int64, k uint64) bool {
+	if !found {
+		return false
+	}
+	*st = normalize(c, *st, nowUS)
+	k = min(k, MaxHits)
+	switch c.Algorithm {
+	case TokenBucket:
+		if c.Limit == 0 {
+			return false
+		}
+		t := interval(c)
+		st.TAT = max(nowUS, st.TAT-int64(k)*t)
+		return true
+	default:
+		if st.End != windowEnd {
+			return false
+		}
+		st.Count -= min(st.Count, k)
+		return true
+	}
+}
