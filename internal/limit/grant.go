@@ -37,30 +37,33 @@ func Grant(c *Check, st *State, found bool, nowUS int64, n uint64) uint64 {
 	return g
 }
 
-// GiveBack returns k unused hits of a grant to c's counter at nowUS. A
-// window's hits go back only while the window the grant was taken in,
+// GiveBack returns k unused hits of a grant to c's counter at nowUS (found
+// says whether st holds a stored state) and returns how many went back.
+// A window's hits go back only while the window the grant was taken in,
 // ending at windowEnd, is current: in a later window they would lower a
-// count they were never part of. A bucket takes tokens back at any time,
-// never past a full bucket. It reports whether the hits went back.
-func GiveBack(c *Check, st *State, found bool, nowUS, windowEnd int64, k uint64) bool {
+// count they were never part of; and never more than its count. A bucket
+// takes tokens back at any time, never past a full bucket (all k are
+// reported given back).
+func GiveBack(c *Check, st *State, found bool, nowUS, windowEnd int64, k uint64) uint64 {
 	if !found {
-		return false
+		*st = State{}
 	}
 	*st = normalize(c, *st, nowUS)
 	k = min(k, MaxHits)
 	switch c.Algorithm {
 	case TokenBucket:
 		if c.Limit == 0 {
-			return false
+			return 0
 		}
 		t := interval(c)
 		st.TAT = max(nowUS, st.TAT-int64(k)*t)
-		return true
+		return k
 	default:
 		if st.End != windowEnd {
-			return false
+			return 0
 		}
-		st.Count -= min(st.Count, k)
-		return true
+		k = min(st.Count, k)
+		st.Count -= k
+		return k
 	}
 }

@@ -45,8 +45,8 @@ func TestGrantNeverExceeds(t *testing.T) {
 		}
 		// Giving 30 back makes room for 30 again in the same window (a
 		// bucket holds at most its burst).
-		if !GiveBack(&c, &st, true, now, end, 30) {
-			t.Fatalf("%v: give back refused in the grant's window", c.Algorithm)
+		if n := GiveBack(&c, &st, true, now, end, 30); n != 30 {
+			t.Fatalf("%v: %d given back in the grant's window, want 30", c.Algorithm, n)
 		}
 		if g, want := Grant(&c, &st, true, now, 50), min(30, limit); g != want {
 			t.Errorf("%v: %d granted after giving 30 back, want %d", c.Algorithm, g, want)
@@ -68,8 +68,8 @@ func TestGiveBackOnlyInItsWindow(t *testing.T) {
 	if g := Grant(&c, &st, true, next, 4); g != 4 {
 		t.Fatalf("next window granted %d, want 4", g)
 	}
-	if GiveBack(&c, &st, true, next, end, 10) {
-		t.Error("the old window's unused hits were given back into the next window")
+	if n := GiveBack(&c, &st, true, next, end, 10); n != 0 {
+		t.Errorf("%d of the old window's unused hits given back into the next window", n)
 	}
 	if st.Count != 4 {
 		t.Errorf("next window's count %d, want 4", st.Count)

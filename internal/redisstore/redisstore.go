@@ -93,11 +93,13 @@ type Store struct {
 	cluster *redis.ClusterClient // nil unless Mode is cluster
 	mode    string
 	script  *redis.Script
-	timeout time.Duration
-	now     func() time.Time
-	m       *metrics.Metrics
-	log     *slog.Logger
-	breaker *breaker
+	// grantScript takes and gives back lease hits (scripts/grant.lua).
+	grantScript *redis.Script
+	timeout     time.Duration
+	now         func() time.Time
+	m           *metrics.Metrics
+	log         *slog.Logger
+	breaker     *breaker
 
 	// Batching: dispatchers per batcher (negative: off); single is the
 	// one batcher of single and sentinel modes, nodes those of Cluster's
@@ -129,9 +131,13 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: %w", err)
 	}
+	grantSrc, err := scriptFS.ReadFile("scripts/grant.lua")
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: %w", err)
+	}
 	s := &Store{
 		client: client, cluster: cluster, mode: mode,
-		script: redis.NewScript(string(src)), timeout: timeout,
+		script: redis.NewScript(string(src)), grantScript: redis.NewScript(string(grantSrc)), timeout: timeout,
 		now: opts.ScriptTime, m: opts.Metrics, log: opts.Logger, done: make(chan struct{}), nodeIdle: nodeIdle,
 	}
 	if s.log == nil {

@@ -1,0 +1,90 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+)
+
+// GrantOp is one take or give-back of lease hits on a counter (see
+// scripts/grant.lua and limit.Grant).
+type GrantOp struct {
+	// Check names the counter and its rule; Hits is how many to take or
+	// give back.
+	Check limit.Check
+	// GiveBack returns Hits unused hits of a grant taken in the window
+	// ending at WindowEndUS (ignored for a token bucket).
+	GiveBack    bool
+	WindowEndUS int64
+}
+
+// GrantResult is a GrantOp's outcome.
+type GrantResult struct {
+	// Hits is how many were taken (a take) or given back.
+	Hits uint64
+	// Remaining is what the counter has left after it.
+	Remaining uint64
+	// ResetUS is the time until the window ends (for a token bucket,
+	// until one more hit is allowed).
+	ResetUS int64
+}
+
+// Grant takes or gives back lease hits, one script call for all ops (one
+// per op on Cluster, where their keys may sit in different slots). It is
+// not batched with decisions: grants are few and made ahead of need.
+func (s *Store) Grant(ctx context.Context, ops []GrantOp) ([]GrantResult, error) {
+	if len(ops) == 0 {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if s.cluster != nil && len(ops) > 1 {
+		out := make([]GrantResult, 0, len(ops))
+		for _, op := range ops {
+			r, err := s.Grant(ctx, []GrantOp{op})
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, r...)
+		}
+		return out, nil
+	}
+	keys := make([]string, len(ops))
+	args := make([]any, 0, 1+7*len(ops))
+	args = append(args, s.nowArg())
+	for i, op := range ops {
+		c := op.Check
+		keys[i] = c.Key
+		kind := 1
+		if op.GiveBack {
+			kind = 2
+		}
+		args = append(args, kind, c.SaturatedHits(), c.Limit, c.WindowUS, uint8(c.Algorithm), c.Burst, op.WindowEndUS)
+	}
+	start, deadline := time.Now(), time.Now().Add(s.timeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	var c redis.Scripter = s.client
+	res, err := s.grantScript.EvalSha(ctx, c, keys, args...).Result()
+	if err != nil && isNoScript(err) {
+		res, err = s.grantScript.Eval(ctx, c, keys, args...).Result()
+	}
+	s.breaker.roundTrip(start, deadline, err)
+	vals, err := checkReply(res, err, len(keys))
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: eval grant (%d keys): %w: %w", len(keys), ErrUnavailable, err)
+	}
+	out := make([]GrantResult, len(ops))
+	for i := range out {
+		hits, _ := vals[3*i].(int64)
+		remaining, _ := vals[3*i+1].(int64)
+		reset, _ := vals[3*i+2].(int64)
+		out[i] = GrantResult{Hits: uint64(hits), Remaining: uint64(remaining), ResetUS: reset}
+	}
+	return out, nil
+}

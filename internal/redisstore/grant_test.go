@@ -1,0 +1,92 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+)
+
+// TestGrantMatchesLimit is grant.lua's differential test: random takes
+// and give-backs (in the grant's window, and stale ones), on every
+// algorithm, on one scripted clock, against limit.Grant and
+// limit.GiveBack; and a decision made after grants sees them consumed,
+// read by decide.lua from the same keys.
+func TestGrantMatchesLimit(t *testing.T) {
+	srv := redistest.Start(t)
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixMicro())
+	s := newStore(t, srv, func() time.Time { return time.UnixMicro(clock.Load()) })
+	ctx := context.Background()
+	rules := []limit.Check{
+		{Limit: 50, WindowUS: 1e6}, {Limit: 200, WindowUS: 60e6},
+		{Limit: 30, WindowUS: 10e6, Algorithm: limit.SlidingWindow},
+		{Limit: 20, WindowUS: 1e6, Algorithm: limit.TokenBucket}, {Limit: 5, WindowUS: 60e6, Algorithm: limit.TokenBucket, Burst: 12},
+	}
+	type model struct {
+		st    limit.State
+		found bool
+		end   int64 // window end of the latest take
+	}
+	models := map[string]*model{}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range 3000 {
+		if rng.IntN(8) == 0 {
+			clock.Add(rng.Int64N(3e6))
+		} else {
+			clock.Add(rng.Int64N(50e3))
+		}
+		now := clock.Load()
+		ri := rng.IntN(len(rules))
+		c := rules[ri]
+		c.Key = fmt.Sprintf("g%d:%d", ri, rng.IntN(2))
+		m := models[c.Key]
+		if m == nil {
+			m = &model{}
+			models[c.Key] = m
+		}
+		op := redisstore.GrantOp{Check: c}
+		op.Check.Hits = uint64(rng.IntN(25))
+		if rng.IntN(20) == 0 {
+			op.Check.Hits = 1 << 40
+		}
+		var want uint64
+		if rng.IntN(3) == 0 {
+			op.GiveBack, op.WindowEndUS = true, m.end
+			want = limit.GiveBack(&op.Check, &m.st, m.found, now, m.end, op.Check.Hits)
+		} else {
+			m.end = limit.WindowEnd(now, c.WindowUS)
+			want = limit.Grant(&op.Check, &m.st, m.found, now, op.Check.Hits)
+		}
+		m.found = true
+		got, err := s.Grant(ctx, []redisstore.GrantOp{op})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What remains, as limit reports it.
+		peek := c
+		peek.Hits = 0
+		res, exp := make([]limit.Result, 1), make([]int64, 1)
+		st := []limit.State{m.st}
+		limit.Decide([]limit.Check{peek}, st, []bool{true}, now, res, exp)
+		if got[0].Hits != want || got[0].Remaining != res[0].Remaining || got[0].ResetUS != res[0].ResetUS {
+			t.Fatalf("op %d %+v at %d: redis %+v, limit %d hits, %+v", i, op, now, got[0], want, res[0])
+		}
+	}
+	// Grants are consumed: after taking a counter's whole budget, a
+	// request decided by decide.lua is over.
+	c := limit.Check{Key: "all", Limit: 10, WindowUS: 3600e6, Hits: 100}
+	if g, err := s.Grant(ctx, []redisstore.GrantOp{{Check: c}}); err != nil || g[0].Hits != 10 || g[0].Remaining != 0 {
+		t.Fatalf("taking the whole budget: %+v, %v", g, err)
+	}
+	c.Hits = 1
+	if r, err := s.Evaluate(ctx, []limit.Check{c}); err != nil || !r[0].Over {
+		t.Errorf("a request after the grant: %+v, %v; want over", r, err)
+	}
+}
