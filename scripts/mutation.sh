@@ -5,8 +5,9 @@
 # negated, ...) where the tests cover it, runs those tests, and lists the
 # mutants no test noticed (LIVED). Reported, not gating CI: read the LIVED
 # lines, and for each either write the test that kills it or say why the
-# change is harmless. Slow (minutes per package); takes package paths,
-# default the list below. Needs redis-server for the redisstore package.
+# change is harmless. Slow: about a minute for internal/limit, over 15 for
+# internal/service (each mutant runs the package's tests, Redis included);
+# takes package paths, default the list below. Needs redis-server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GREMLINS=github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0
