@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 )
@@ -101,13 +102,11 @@ func truncate(s string, max int) string {
 		return s
 	}
 	cut := max
-	for cut > 0 && cut > max-4 && !utf8Start(s[cut]) {
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
 	return fmt.Sprintf("%s…(%d bytes)", s[:cut], len(s))
 }
-
-func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
 
 // metadata turns a metadata node into plain Go values in linear time
 // (yaml.v3's own decoding checks keys for duplicates pairwise: 40,000 keys

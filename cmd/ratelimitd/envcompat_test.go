@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -74,18 +72,7 @@ func TestEnvoyproxyEnvironment(t *testing.T) {
 			t.Errorf("run: %v", err)
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get("http://127.0.0.1:" + httpPort + "/healthcheck")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not serving on PORT %s: %v\n%s", httpPort, err, log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	getWithin(t, "http://127.0.0.1:"+httpPort+"/healthcheck", &log)
 	client := rlsv3.NewRateLimitServiceClient(dial(t, "127.0.0.1:"+grpcPort))
 	ask := func(domain, key string) *rlsv3.RateLimitResponse {
 		t.Helper()

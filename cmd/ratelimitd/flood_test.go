@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"net"
-	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -131,18 +130,7 @@ func testFlood(t *testing.T, reset bool) {
 		cmd.Process.Signal(syscall.SIGTERM)
 		cmd.Wait()
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get("http://" + httpAddr + "/healthcheck")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not healthy: %v\n%s", err, out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	getWithin(t, "http://"+httpAddr+"/healthcheck", &out)
 	client := rlsv3.NewRateLimitServiceClient(dial(t, grpcAddr))
 	probe := func(d time.Duration) []time.Duration {
 		var lat []time.Duration

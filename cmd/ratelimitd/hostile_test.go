@@ -25,6 +25,25 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/rulestest"
 )
 
+// getWithin GETs url until it answers, for up to 10 s (a server just
+// started), and returns the body; log is shown if it never answers.
+func getWithin(t *testing.T, url string, log fmt.Stringer) string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return string(b)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET %s: %v\n%s", url, err, log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // procKB reads a "VmRSS"-style field of /proc/self/status in KB.
 func procKB(t *testing.T, field string) int {
 	t.Helper()
@@ -273,21 +292,7 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill()
-	get := func(url string) string {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			resp, err := http.Get(url)
-			if err == nil {
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				return string(b)
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("GET %s: %v\n%s", url, err, out.String())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	get := func(url string) string { return getWithin(t, url, &out) }
 	get("http://" + httpAddr + "/healthcheck")
 	client := rlsv3.NewRateLimitServiceClient(dial(t, grpcAddr))
 	for range 3 {

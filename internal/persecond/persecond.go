@@ -9,7 +9,6 @@ package persecond
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
@@ -27,7 +26,8 @@ type Store struct {
 	Main, PerSecond Evaluator
 }
 
-// Evaluate decides checks, all or nothing across the two stores.
+// Evaluate decides checks, all or nothing across the two stores: the
+// main store first, as limit.EvaluateInOrder does across groups.
 func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	var mainIdx, fastIdx []int
 	for i, c := range checks {
@@ -43,86 +43,8 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 	case len(mainIdx) == 0:
 		return s.PerSecond.Evaluate(ctx, checks)
 	}
-	results := make([]limit.Result, len(checks))
-	first, err := s.Main.Evaluate(ctx, limit.Subset(checks, mainIdx, nil))
-	if err != nil {
-		return nil, err
-	}
-	place(results, mainIdx, first)
-	if rejects(checks, mainIdx, first) {
-		// Rejected already: the per-second counters are read, not
-		// consumed (refunds still apply).
-		read, err := s.PerSecond.Evaluate(ctx, limit.Subset(checks, fastIdx, func(c *limit.Check) {
-			if !c.Refund {
-				c.Hits = 0
-			}
-		}))
-		if err != nil {
-			return nil, err
-		}
-		place(results, fastIdx, read)
-		for j, i := range fastIdx {
-			if !checks[i].Refund && checks[i].Hits > 0 && read[j].Remaining < checks[i].Hits {
-				results[i].Over = true
-			}
-		}
-		return results, nil
-	}
-	second, err := s.PerSecond.Evaluate(ctx, limit.Subset(checks, fastIdx, nil))
-	if err != nil {
-		if uerr := s.undo(ctx, checks, mainIdx, first, results); uerr != nil {
-			return nil, fmt.Errorf("%w (and giving back the main store's hits: %w)", err, uerr)
-		}
-		return nil, err
-	}
-	place(results, fastIdx, second)
-	if rejects(checks, fastIdx, second) {
-		if err := s.undo(ctx, checks, mainIdx, first, results); err != nil {
-			return nil, err
-		}
-	}
-	return results, nil
-}
-
-// undo gives back what the main store's checks consumed and reports the
-// counters as they are after it.
-func (s *Store) undo(ctx context.Context, checks []limit.Check, idx []int, res []limit.Result, results []limit.Result) error {
-	var back []limit.Check
-	var at []int
-	for j, i := range idx {
-		c := checks[i]
-		if c.Refund || c.Hits == 0 || res[j].Over {
-			continue // consumed nothing
-		}
-		c.Refund = true
-		back, at = append(back, c), append(at, i)
-	}
-	if len(back) == 0 {
-		return nil
-	}
-	r, err := s.Main.Evaluate(ctx, back)
-	if err != nil {
-		return err
-	}
-	for j, i := range at {
-		results[i].Remaining, results[i].ResetUS = r[j].Remaining, r[j].ResetUS
-	}
-	return nil
-}
-
-// place puts the results of the checks at idx back in request order.
-func place(results []limit.Result, idx []int, res []limit.Result) {
-	for j, i := range idx {
-		results[i] = res[j]
-	}
-}
-
-// rejects reports whether a vetoing check at idx is over its limit.
-func rejects(checks []limit.Check, idx []int, res []limit.Result) bool {
-	for j, i := range idx {
-		if res[j].Over && !checks[i].NoVeto && !checks[i].Refund {
-			return true
-		}
-	}
-	return false
+	return limit.EvaluateInOrder(ctx, checks, []limit.Group{
+		{Idx: mainIdx, Eval: s.Main.Evaluate},
+		{Idx: fastIdx, Eval: s.PerSecond.Evaluate},
+	})
 }

@@ -112,11 +112,11 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 	states := make([]checkState, len(checks))
 	for c := range checks {
 		// The sums are exact (MaxDescriptors hits of at most 2^32-1 each);
-		// the net saturates, which decides the same (see limit.MaxHits).
+		// the stores saturate them (limit.MaxHits), which decides the same.
 		if consume[c] >= refund[c] {
-			checks[c].Hits = min(consume[c]-refund[c], limit.MaxHits)
+			checks[c].Hits = consume[c] - refund[c]
 		} else {
-			checks[c].Hits, checks[c].Refund = min(refund[c]-consume[c], limit.MaxHits), true
+			checks[c].Hits, checks[c].Refund = refund[c]-consume[c], true
 		}
 	}
 	return checks, states
