@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -112,8 +113,13 @@ func TestEnvoyproxyEnvironment(t *testing.T) {
 
 	// What it cannot honour is a startup error naming the variable.
 	for name, val := range map[string]string{"BACKEND_TYPE": "memcache", "CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SENTINEL_AUTH": "x"} {
-		bad := map[string]string{"RATELIMITD_ENV_COMPAT": "envoyproxy", "RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", name: val}
-		if err := run(context.Background(), nil, env(bad), &syncBuffer{}); err == nil || !strings.Contains(err.Error(), name) {
+		bad := map[string]string{"RATELIMITD_ENV_COMPAT": "envoyproxy", "RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", name: val,
+			"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0"}
+		// Bounded, should the variable be taken and the service start.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := run(ctx, nil, env(bad), &syncBuffer{})
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s=%s: %v, want a startup error naming it", name, val, err)
 		}
 	}

@@ -165,7 +165,10 @@ func TestMergeDomainsFlag(t *testing.T) {
 		}
 	}
 	var out syncBuffer
-	if err := run(context.Background(), []string{"--config", dir}, env(nil), &out); err == nil || !strings.Contains(err.Error(), `duplicate domain "merged"`) {
+	// Bounded, should the files be merged after all and the service start.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := run(ctx, []string{"--config", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, env(nil), &out); err == nil || !strings.Contains(err.Error(), `duplicate domain "merged"`) {
 		t.Fatalf("without --merge-domains: %v", err)
 	}
 	var chk syncBuffer

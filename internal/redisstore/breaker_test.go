@@ -1,0 +1,52 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestBreakerIgnoresStaleRoundTrips: a round trip that began before Redis
+// last answered waited behind a stall that is over, and does not count.
+func TestBreakerIgnoresStaleRoundTrips(t *testing.T) {
+	b := newBreaker(1, time.Nanosecond, time.Hour, func(context.Context) error { return errors.New("down") }, func(bool) {})
+	defer b.stop()
+	began := time.Now().Add(-time.Millisecond)
+	b.success()
+	b.roundTrip(began, began.Add(time.Second), context.DeadlineExceeded)
+	if b.isOpen() {
+		t.Fatal("a round trip that began before Redis answered opened the breaker")
+	}
+	now := time.Now()
+	b.roundTrip(now, now.Add(time.Second), context.DeadlineExceeded)
+	if !b.isOpen() {
+		t.Fatal("a failed round trip that began after Redis answered did not count")
+	}
+}
+
+// TestOpenBreakerProbesBackToBack: while open, a probe is always in
+// flight (a failed one is followed by the next within probeGap, not
+// after the probe interval), so a Redis that answers again closes the
+// breaker at once.
+func TestOpenBreakerProbesBackToBack(t *testing.T) {
+	var probes atomic.Int64
+	probe := func(context.Context) error {
+		if probes.Add(1) < 3 {
+			return errors.New("down")
+		}
+		return nil
+	}
+	b := newBreaker(1, time.Nanosecond, time.Hour, probe, func(bool) {})
+	defer b.stop()
+	now := time.Now()
+	b.roundTrip(now, now.Add(time.Second), context.DeadlineExceeded)
+	deadline := time.Now().Add(2 * time.Second)
+	for b.isOpen() {
+		if time.Now().After(deadline) {
+			t.Fatalf("still open 2 s later after %d probes (the probe interval is an hour)", probes.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
