@@ -105,8 +105,8 @@ func TestLoadCanceled(t *testing.T) {
 	if _, err := LoadContext(ctx, p); err == nil || !strings.Contains(err.Error(), "load stopped before") {
 		t.Errorf("LoadContext(canceled) = %v", err)
 	}
-	if _, err := parseFile(ctx, p, body); err == nil || !strings.Contains(err.Error(), "parse stopped: context canceled") {
-		t.Errorf("parseFile(canceled) = %.300v", err)
+	if _, err := parseDoc(ctx, Doc{Name: p, Data: body, Lines: true}); err == nil || !strings.Contains(err.Error(), "parse stopped: context canceled") {
+		t.Errorf("parseDoc(canceled) = %.300v", err)
 	}
 }
 

@@ -213,7 +213,11 @@ func (s *Snapshot) Dump() string {
 			if r.FailureMode != FailureUnset {
 				fmt.Fprintf(&b, " failure_mode=%s", r.FailureMode)
 			}
-			fmt.Fprintf(&b, " (%s:%d)\n", r.File, r.Line)
+			if r.Line > 0 {
+				fmt.Fprintf(&b, " (%s:%d)\n", r.File, r.Line)
+			} else {
+				fmt.Fprintf(&b, " (%s)\n", r.File)
+			}
 		}
 	}
 	return b.String()

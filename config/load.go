@@ -46,8 +46,7 @@ func LoadWith(ctx context.Context, opts Options, paths ...string) (*Snapshot, er
 	if err != nil {
 		return nil, err
 	}
-	snap := &Snapshot{domains: map[string]*Domain{}, Files: files, LoadedAt: time.Now()}
-	h := sha256.New()
+	docs := make([]Doc, 0, len(files))
 	var errs []error
 	for _, f := range files {
 		if err := ctx.Err(); err != nil {
@@ -58,16 +57,50 @@ func LoadWith(ctx context.Context, opts Options, paths ...string) (*Snapshot, er
 			errs = append(errs, err)
 			continue
 		}
-		fmt.Fprintf(h, "%s\x00%d\x00", f, len(data))
-		h.Write(data)
-		d, err := parseFile(ctx, f, data)
+		docs = append(docs, Doc{Name: f, Data: data, Lines: true})
+	}
+	snap, err := LoadDocs(ctx, opts, docs)
+	if err != nil || len(errs) > 0 {
+		return nil, errors.Join(append(errs, err)...)
+	}
+	snap.Files = files
+	return snap, nil
+}
+
+// Doc is one rules document held in memory: a file's contents, or a
+// resource received over xDS rendered in the rules format.
+type Doc struct {
+	// Name stands for the file in errors and in [Snapshot.Files].
+	Name string
+	Data []byte
+	// Lines says whether line numbers in Data mean something to the
+	// reader: they do in a file, not in a rendered resource, whose
+	// errors then name only the path in the document.
+	Lines bool
+}
+
+// LoadDocs validates and compiles docs as one set, exactly as [LoadWith]
+// does files: every problem of every document is returned, joined, and
+// a snapshot only when there are none.
+func LoadDocs(ctx context.Context, opts Options, docs []Doc) (*Snapshot, error) {
+	snap := &Snapshot{domains: map[string]*Domain{}, LoadedAt: time.Now()}
+	h := sha256.New()
+	var errs []error
+	for _, doc := range docs {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("config: load stopped before %s: %w", doc.Name, err)
+		}
+		snap.Files = append(snap.Files, doc.Name)
+		fmt.Fprintf(h, "%s\x00%d\x00", doc.Name, len(doc.Data))
+		h.Write(doc.Data)
+		d, err := parseDoc(ctx, doc)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		if prev, dup := snap.domains[d.Name]; dup {
 			if !opts.MergeDomains {
-				errs = append(errs, &Error{File: f, Msg: fmt.Sprintf("duplicate domain %q (already defined in %s; --merge-domains merges them)", d.Name, prev.File)})
+				errs = append(errs, &Error{File: doc.Name, Msg: fmt.Sprintf("duplicate domain %q (already defined in %s; --merge-domains merges them)", d.Name, prev.File)})
 				continue
 			}
 			errs = append(errs, prev.merge(d)...)
@@ -85,7 +118,7 @@ func LoadWith(ctx context.Context, opts Options, paths ...string) (*Snapshot, er
 // Parse compiles one rules document held in memory; name stands for the
 // file in errors. It is what [Load] does for each file.
 func Parse(name string, data []byte) (*Snapshot, error) {
-	d, err := parseFile(context.Background(), name, data)
+	d, err := parseDoc(context.Background(), Doc{Name: name, Data: data, Lines: true})
 	if err != nil {
 		return nil, err
 	}

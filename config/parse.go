@@ -51,6 +51,7 @@ type parser struct {
 	checked   int // walked when ctx was last checked
 	pathBytes int
 	stopped   bool
+	noLines   bool // the document was rendered: its lines mean nothing
 }
 
 // deref resolves a YAML alias to the node it names.
@@ -66,12 +67,16 @@ func (p *parser) errorf(n *yaml.Node, path, format string, args ...any) {
 		p.dropped++
 		return
 	}
-	line := 0
-	if n != nil {
-		line = n.Line
-	}
-	p.errs = append(p.errs, &Error{File: p.file, Line: line, Path: truncate(path, maxErrorText),
+	p.errs = append(p.errs, &Error{File: p.file, Line: p.line(n), Path: truncate(path, maxErrorText),
 		Msg: truncate(fmt.Sprintf(format, args...), maxErrorText)})
+}
+
+// line is n's line for errors and rules: 0 when unknown or meaningless.
+func (p *parser) line(n *yaml.Node) int {
+	if n == nil || p.noLines {
+		return 0
+	}
+	return n.Line
 }
 
 // err returns every problem recorded, or nil.
@@ -85,10 +90,11 @@ func (p *parser) err() error {
 	return errors.Join(p.errs...)
 }
 
-// parseFile parses one rules file into an uncompiled domain, within the
-// bounds of limits.go; it stops early when ctx is done.
-func parseFile(ctx context.Context, file string, data []byte) (*Domain, error) {
-	p := &parser{ctx: ctx, file: file}
+// parseDoc parses one rules document into an uncompiled domain, within
+// the bounds of limits.go; it stops early when ctx is done.
+func parseDoc(ctx context.Context, in Doc) (*Domain, error) {
+	file, data := in.Name, in.Data
+	p := &parser{ctx: ctx, file: file, noLines: !in.Lines}
 	if n := estimateNodes(data); n > MaxYAMLNodes {
 		return nil, &Error{File: file, Msg: fmt.Sprintf("too large: up to %d YAML nodes, more than the %d allowed", n, MaxYAMLNodes)}
 	}
@@ -102,7 +108,7 @@ func parseFile(ctx context.Context, file string, data []byte) (*Domain, error) {
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
-		return nil, &Error{File: file, Line: extra.Line, Msg: "a second YAML document ('---'): put one domain in each file"}
+		return nil, &Error{File: file, Line: p.line(&extra), Msg: "a second YAML document ('---'): put one domain in each file"}
 	} else if !errors.Is(err, io.EOF) {
 		return nil, &Error{File: file, Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
 	}
@@ -239,7 +245,7 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 	if f == nil {
 		return nil
 	}
-	r := &Rule{File: p.file, Line: n.Line, parent: parent, depth: 1}
+	r := &Rule{File: p.file, Line: p.line(n), parent: parent, depth: 1}
 	if parent != nil {
 		r.depth = parent.depth + 1
 	}

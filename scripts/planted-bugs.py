@@ -56,6 +56,12 @@ muts = [
     ("35 diff misses counters starting afresh","cmd/ratelimitd/diff.go",'out = append(out, "its counters start afresh (the window or algorithm is part of the counter key)")',"out = append(out)","./cmd/ratelimitd","TestDiff"),
     ("36 env compat takes what it cannot honour","cmd/ratelimitd/envcompat.go","case e.refuse != \"\" && !slices.ContainsFunc(","case false && e.refuse != \"\" && !slices.ContainsFunc(","./cmd/ratelimitd","TestEnvoyproxyEnvironment"),
     ("37 per-second counters stay in the main Redis","internal/persecond/persecond.go","if c.WindowUS == Window {","if c.WindowUS == 0 {","./internal/persecond","TestAllOrNothingAcrossStores"),
+    ("38 invalid xDS set ACKed","internal/xds/xds.go","\t\t\tif err := s.client.Nack(s.badErr); err != nil {\n\t\t\t\treturn got, err\n\t\t\t}\n\t\t\tcontinue\n\t\t}\n\t\ts.badErr = \"\"","\t\t\tif err := s.client.Ack(); err != nil {\n\t\t\t\treturn got, err\n\t\t\t}\n\t\t\tcontinue\n\t\t}\n\t\ts.badErr = \"\"","./internal/xds","TestStream"),
+    ("39 xDS NACK loop unpaced","internal/xds/xds.go","if s.badErr != \"\" && sum == s.badSum {","if false && s.badErr != \"\" && sum == s.badSum {","./internal/xds","TestStream"),
+    ("40 xDS stream never reopened","internal/xds/xds.go","\t\twait = min(2*wait, o.BackoffMax)\n","\t\t<-ctx.Done()\n","./internal/xds","TestStream"),
+    ("41 xDS rules not checked as files are","internal/xds/xds.go","return config.LoadDocs(ctx, opts, docs)","opts.MergeDomains = true\n\treturn config.LoadDocs(ctx, opts, docs)","./internal/xds","TestRenderMatchesFile"),
+    ("42 xDS client trusts any server","cmd/ratelimitd/xds.go","c.VerifyConnection = tlsverify.Against(id.roots, name, \"xds: the management server\")","_ = tlsverify.Against(id.roots, name, \"\")","./cmd/ratelimitd","TestRulesOverXDSTLS"),
+    ("43 invalid xDS set replaces the rules","cmd/ratelimitd/xds.go","\t\t\tapply(s, err)\n","\t\t\tif err != nil {\n\t\t\t\ts, err = config.LoadDocs(ctx, opts, nil)\n\t\t\t}\n\t\t\tapply(s, err)\n","./cmd/ratelimitd","TestRulesOverXDS$"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -40,7 +40,7 @@ var envoyproxySettings = []envSetting{
 	{name: "REDIS_TLS_CLIENT_CERT", flag: "redis-tls-cert"},
 	{name: "REDIS_TLS_CLIENT_KEY", flag: "redis-tls-key"},
 	{name: "BACKEND_TYPE", ok: []string{"redis"}, refuse: "ratelimitd keeps counters in Redis (or in process); there is no memcache backend"},
-	{name: "CONFIG_TYPE", ok: []string{"FILE"}, refuse: "rules over xDS are not supported yet; use files"},
+	{name: "CONFIG_TYPE", ok: []string{"FILE", "GRPC_XDS_SOTW"}, refuse: "want FILE or GRPC_XDS_SOTW"},
 	{name: "REDIS_SENTINEL_AUTH", refuse: "sentinels that require a password are not supported"},
 	{name: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", ok: []string{"false"}, refuse: "ratelimitd always verifies Redis's certificate name"},
 	{name: "GRPC_CLIENT_TLS_SAN", refuse: "client certificates are verified against --grpc-client-ca, not a SAN"},
@@ -70,11 +70,30 @@ var envoyproxySettings = []envSetting{
 	{name: "REDIS_TIMEOUT", ignore: "every Redis call is bounded by --redis-timeout (50ms)"},
 	{name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", ignore: "calls are bounded by --redis-timeout"},
 	{name: "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", ignore: "health stays SERVING and Redis failures answer by failure_mode"},
-	{name: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", ignore: "the service never starts without valid rules"},
+	{name: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", ignore: "the service serves only once it has valid rules, unless --xds-start-without-rules"},
 	{name: "GRPC_MAX_CONNECTION_AGE", ignore: "fixed at 24h"},
 	{name: "GRPC_MAX_CONNECTION_AGE_GRACE", ignore: "fixed at 1h"},
 	{name: "TRACING_ENABLED", ignore: "tracing is not supported"},
-	{name: "FORCE_START_WITHOUT_INITIAL_CONFIG", ignore: "the service never starts without valid rules"},
+}
+
+// envoyproxyXDS are the incumbent's xDS variables, read when
+// CONFIG_TYPE=GRPC_XDS_SOTW, with the flags they set.
+var envoyproxyXDS = []envSetting{
+	{name: "CONFIG_GRPC_XDS_NODE_ID", flag: "xds-node-id"},
+	{name: "CONFIG_GRPC_XDS_NODE_METADATA", flag: "xds-node-metadata"},
+	{name: "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", flag: "xds-headers"},
+	{name: "CONFIG_GRPC_XDS_SERVER_USE_TLS", flag: "xds-tls"},
+	{name: "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", flag: "xds-tls-cert"},
+	{name: "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", flag: "xds-tls-key"},
+	{name: "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", flag: "xds-tls-ca"},
+	{name: "CONFIG_GRPC_XDS_SERVER_TLS_SAN", flag: "xds-tls-server-name"},
+	{name: "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", flag: "xds-max-message-size"},
+	{name: "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", flag: "xds-backoff-initial"},
+	{name: "XDS_CLIENT_BACKOFF_MAX_INTERVAL", flag: "xds-backoff-max"},
+	{name: "FORCE_START_WITHOUT_INITIAL_CONFIG", flag: "xds-start-without-rules"},
+	{name: "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", ignore: "the wait is always jittered within its second half"},
+	{name: "XDS_CLIENT_BACKOFF_JITTER", ignore: "the wait is always jittered within its second half"},
+	{name: "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", ignore: "reconnects follow --xds-backoff-initial and --xds-backoff-max"},
 }
 
 // envoyproxyEnv reads envoyproxy/ratelimit's environment: the flag values
@@ -94,6 +113,9 @@ func envoyproxyEnv(getenv func(string) string) (flags [][2]string, password stri
 		case e.ignore != "":
 			ignored = append(ignored, e.name+": "+e.ignore)
 		}
+	}
+	if getenv("FORCE_START_WITHOUT_INITIAL_CONFIG") != "" && !strings.EqualFold(getenv("CONFIG_TYPE"), "GRPC_XDS_SOTW") {
+		ignored = append(ignored, "FORCE_START_WITHOUT_INITIAL_CONFIG: rules files are loaded before serving")
 	}
 	if v := getenv("LOG_LEVEL"); v != "" {
 		set("log-level", strings.ToLower(v))
@@ -115,8 +137,28 @@ func envoyproxyEnv(getenv func(string) string) (flags [][2]string, password stri
 		}
 		set(l.flag, net.JoinHostPort(h, p))
 	}
-	// The rules: ROOT/SUBDIRECTORY/APPDIRECTORY.
-	if sub := getenv("RUNTIME_SUBDIRECTORY"); sub != "" {
+	// The rules: over xDS, or in ROOT/SUBDIRECTORY/APPDIRECTORY.
+	if strings.EqualFold(getenv("CONFIG_TYPE"), "GRPC_XDS_SOTW") {
+		server := getenv("CONFIG_GRPC_XDS_SERVER_URL")
+		if server == "" {
+			server = "localhost:18000" // the incumbent's default
+		}
+		set("xds-server", server)
+		for _, e := range envoyproxyXDS {
+			switch v := getenv(e.name); {
+			case v == "":
+			case e.flag != "":
+				set(e.flag, v)
+			default:
+				ignored = append(ignored, e.name+": "+e.ignore)
+			}
+		}
+		for _, v := range []string{"RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY"} {
+			if getenv(v) != "" {
+				ignored = append(ignored, v+": CONFIG_TYPE=GRPC_XDS_SOTW: the rules come over xDS")
+			}
+		}
+	} else if sub := getenv("RUNTIME_SUBDIRECTORY"); sub != "" {
 		root, app := getenv("RUNTIME_ROOT"), getenv("RUNTIME_APPDIRECTORY")
 		if root == "" {
 			root = "/srv/runtime_data/current"

@@ -112,7 +112,7 @@ func TestEnvoyproxyEnvironment(t *testing.T) {
 	}
 
 	// What it cannot honour is a startup error naming the variable.
-	for name, val := range map[string]string{"BACKEND_TYPE": "memcache", "CONFIG_TYPE": "GRPC_XDS_SOTW", "REDIS_SENTINEL_AUTH": "x"} {
+	for name, val := range map[string]string{"BACKEND_TYPE": "memcache", "CONFIG_TYPE": "GRPC_XDS_DELTA", "REDIS_SENTINEL_AUTH": "x"} {
 		bad := map[string]string{"RATELIMITD_ENV_COMPAT": "envoyproxy", "RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", name: val,
 			"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0"}
 		// Bounded, should the variable be taken and the service start.
@@ -139,9 +139,10 @@ func TestEnvoyproxyTableInReadme(t *testing.T) {
 	names := []string{"REDIS_URL", "REDIS_TYPE", "REDIS_SOCKET_TYPE", "REDIS_TLS", "REDIS_AUTH", "RUNTIME_ROOT",
 		"RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY", "HOST", "PORT", "GRPC_HOST", "GRPC_PORT", "DEBUG_HOST",
 		"DEBUG_PORT", "LOG_LEVEL", "LIMIT_RESPONSE_HEADERS_ENABLED", "GRPC_SERVER_USE_TLS"}
-	for _, e := range envoyproxySettings {
+	for _, e := range append(envoyproxySettings, envoyproxyXDS...) {
 		names = append(names, e.name)
 	}
+	names = append(names, "CONFIG_GRPC_XDS_SERVER_URL")
 	for _, n := range names {
 		if !strings.Contains(string(readme), "`"+n+"`") {
 			t.Errorf("README lacks %s", n)

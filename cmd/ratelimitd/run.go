@@ -70,18 +70,27 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 
 	m := metrics.New(version)
 	loadOpts := config.Options{MergeDomains: s.mergeDomains}
-	rules, err := config.LoadWith(ctx, loadOpts, s.config)
-	if err != nil {
-		return fmt.Errorf("rules: %w", err)
+	var rules *config.Snapshot
+	if s.xds.server == "" {
+		rules, err = config.LoadWith(ctx, loadOpts, s.config)
+		if err != nil {
+			return fmt.Errorf("rules: %w", err)
+		}
+		m.ConfigLoaded(true, rules.Hash, rules.LoadedAt)
+		log.Info("rules loaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
+	} else if rules, err = config.LoadDocs(ctx, loadOpts, nil); err != nil {
+		return err // none: the rules come from --xds-server
 	}
-	m.ConfigLoaded(true, rules.Hash, rules.LoadedAt)
-	log.Info("rules loaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
 
 	grpcID, err := newIdentity("grpc", "--grpc-tls-cert", "--grpc-client-ca", s.grpcTLSCert, s.grpcTLSKey, s.grpcClientCA)
 	if err != nil {
 		return err
 	}
 	redisID, err := newIdentity("redis", "--redis-tls-cert", "--redis-tls-ca", s.redisTLSCert, s.redisTLSKey, s.redisTLSCA)
+	if err != nil {
+		return err
+	}
+	xdsID, err := newIdentity("xds", "--xds-tls-cert", "--xds-tls-ca", s.xds.cert, s.xds.key, s.xds.ca)
 	if err != nil {
 		return err
 	}
@@ -133,7 +142,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		log.Info("rules reloaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
 	}
 	var ids []*identity
-	for _, id := range []*identity{grpcID, redisID} {
+	for _, id := range []*identity{grpcID, redisID, xdsID} {
 		if id != nil {
 			ids = append(ids, id)
 		}
@@ -149,13 +158,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	}
 	reloaders.Go(func() {
 		onHUP(reloadCtx, func() {
-			apply(config.LoadWith(reloadCtx, loadOpts, s.config))
+			if s.xds.server == "" {
+				apply(config.LoadWith(reloadCtx, loadOpts, s.config))
+			}
 			for _, id := range ids {
 				reloadTLS(id)
 			}
 		})
 	})
-	if s.watch {
+	if s.xds.server != "" {
+		if err := startXDS(reloadCtx, &reloaders, &s.xds, xdsID, loadOpts, m, log, apply); err != nil {
+			grpcLis.Close()
+			httpLis.Close()
+			return err
+		}
+	} else if s.watch {
 		reloaders.Go(func() {
 			if err := config.Watch(reloadCtx, []string{s.config}, loadOpts, 0, rules.Hash, apply); err != nil {
 				log.Error("cannot watch the rules; reload with SIGHUP", "err", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/service"
+	"github.com/ratelimitd/ratelimitd/internal/xds"
 )
 
 // envPrefix starts the environment variable that mirrors each flag:
@@ -61,12 +62,37 @@ type settings struct {
 	debugAddr         string
 	nearLimitRatio    float64
 	dispatchers       int
+	xds               xdsSettings
+}
+
+// xdsSettings are the --xds-* flags: rules from a management server.
+type xdsSettings struct {
+	server, nodeID, nodeMeta, headers string
+	tls                               bool
+	ca, cert, key, serverName         string
+	maxMessage                        byteSize
+	backoffInitial, backoffMax        time.Duration
+	startWithoutRules                 bool
 }
 
 func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("ratelimitd", flag.ContinueOnError)
 	fs.SetOutput(out)
-	fs.StringVar(&s.config, "config", "", "rules: a YAML file, or a directory of *.yaml/*.yml files (required)")
+	fs.StringVar(&s.config, "config", "", "rules: a YAML file, or a directory of *.yaml/*.yml files (this or --xds-server is required)")
+	fs.StringVar(&s.xds.server, "xds-server", "", "rules from this xDS management server (host:port; ADS, State of the World, RateLimitConfig resources) instead of --config")
+	fs.StringVar(&s.xds.nodeID, "xds-node-id", xds.DefaultNodeID, "node ID sent to --xds-server")
+	fs.StringVar(&s.xds.nodeMeta, "xds-node-metadata", "", "node metadata sent to --xds-server: k=v,k2=v2")
+	fs.StringVar(&s.xds.headers, "xds-headers", "", "gRPC metadata sent to --xds-server when the stream opens: k=v,k2=v2")
+	fs.BoolVar(&s.xds.tls, "xds-tls", false, "reach --xds-server over TLS (implied by the other --xds-tls-* flags)")
+	fs.StringVar(&s.xds.ca, "xds-tls-ca", "", "PEM CA file that signs --xds-server's certificate (default: the system's roots)")
+	fs.StringVar(&s.xds.cert, "xds-tls-cert", "", "PEM client certificate for --xds-server (with --xds-tls-key)")
+	fs.StringVar(&s.xds.key, "xds-tls-key", "", "PEM client key for --xds-server")
+	fs.StringVar(&s.xds.serverName, "xds-tls-server-name", "", "name to verify in --xds-server's certificate (default: its host)")
+	s.xds.maxMessage = xds.DefaultMaxMessage
+	fs.Var(&s.xds.maxMessage, "xds-max-message-size", "largest response accepted from --xds-server, in bytes (default 4MiB)")
+	fs.DurationVar(&s.xds.backoffInitial, "xds-backoff-initial", xds.DefaultBackoffInitial, "first wait before opening the stream to --xds-server again; it doubles, with jitter, up to --xds-backoff-max")
+	fs.DurationVar(&s.xds.backoffMax, "xds-backoff-max", xds.DefaultBackoffMax, "longest wait before opening the stream to --xds-server again")
+	fs.BoolVar(&s.xds.startWithoutRules, "xds-start-without-rules", false, "serve before --xds-server sent the first valid rules (every request answered OK meanwhile) instead of waiting for them")
 	fs.StringVar(&s.envCompat, "env-compat", "", "read another rate limiter's environment variables beneath ratelimitd's own flags and variables: envoyproxy (see the README's table)")
 	fs.BoolVar(&s.mergeDomains, "merge-domains", false, "merge rules files that share a domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); a descriptor two files define is an error")
 	fs.StringVar(&s.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://); empty: the embedded in-memory store, limits per process")
@@ -159,8 +185,18 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		}
 	}
 	switch {
-	case s.config == "":
-		return nil, errors.New("--config is required (a rules file or directory; env " + envPrefix + "CONFIG)")
+	case s.config == "" && s.xds.server == "":
+		return nil, errors.New("--config is required (a rules file or directory; env " + envPrefix + "CONFIG), or --xds-server")
+	case s.config != "" && s.xds.server != "":
+		return nil, errors.New("--config and --xds-server both give the rules: use one")
+	case s.xds.server == "" && (s.xds.tls || s.xds.ca != "" || s.xds.cert != "" || s.xds.serverName != "" || s.xds.nodeMeta != "" || s.xds.headers != "" || s.xds.startWithoutRules):
+		return nil, errors.New("--xds-* need --xds-server")
+	case (s.xds.cert == "") != (s.xds.key == ""):
+		return nil, errors.New("--xds-tls-cert and --xds-tls-key go together")
+	case s.xds.backoffInitial <= 0 || s.xds.backoffMax < s.xds.backoffInitial:
+		return nil, fmt.Errorf("--xds-backoff-initial (%v) must be positive and at most --xds-backoff-max (%v)", s.xds.backoffInitial, s.xds.backoffMax)
+	case s.xds.maxMessage < 1024:
+		return nil, fmt.Errorf("--xds-max-message-size must be at least 1024, got %d", s.xds.maxMessage)
 	case s.redisTimeout <= 0:
 		return nil, fmt.Errorf("--redis-timeout must be positive, got %v", s.redisTimeout)
 	case s.breakerAfter <= 0:
@@ -187,7 +223,29 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 	case s.drainDelay < 0:
 		return nil, fmt.Errorf("--drain-delay must not be negative, got %v", s.drainDelay)
 	}
+	for _, kv := range []struct{ flag, v string }{{"--xds-node-metadata", s.xds.nodeMeta}, {"--xds-headers", s.xds.headers}} {
+		if _, err := parsePairs(kv.v); err != nil {
+			return nil, fmt.Errorf("%s: %w", kv.flag, err)
+		}
+	}
 	return s, nil
+}
+
+// parsePairs reads "k=v,k2=v2" (or "k:v,...", as the incumbent writes
+// its maps): each pair splits at its first '=' or ':'.
+func parsePairs(s string) (map[string]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, p := range strings.Split(s, ",") {
+		i := strings.IndexAny(p, "=:")
+		if i <= 0 {
+			return nil, fmt.Errorf("want k=v,k2=v2, got %q", p)
+		}
+		out[strings.TrimSpace(p[:i])] = strings.TrimSpace(p[i+1:])
+	}
+	return out, nil
 }
 
 // compatFrom finds --env-compat before the flags are parsed: on the

@@ -35,6 +35,7 @@ type Metrics struct {
 	TLSReloads        *prometheus.CounterVec
 	ConfigLastSuccess prometheus.Gauge
 	ConfigInfo        *prometheus.GaugeVec
+	XDSConnected      prometheus.Gauge
 }
 
 // New registers every collector, with Go and process collectors, on a new
@@ -105,7 +106,7 @@ func New(version string) *Metrics {
 		}, []string{"node", "policy"}),
 		TLSReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_tls_reloads_total",
-			Help: "Reloads of TLS certificate files by identity (grpc: the served pair and client CA; redis: the client pair and CA) and result; a failure keeps the files in force.",
+			Help: "Reloads of TLS certificate files by identity (grpc: the served pair and client CA; redis and xds: the client pair and CA) and result; a failure keeps the files in force.",
 		}, []string{"identity", "result"}),
 		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_config_reloads_total",
@@ -119,6 +120,10 @@ func New(version string) *Metrics {
 			Name: "ratelimitd_config_info",
 			Help: "1 for the rules in force, labelled with their hash.",
 		}, []string{"hash"}),
+		XDSConnected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimitd_xds_connected",
+			Help: "1 while the stream to the xDS management server (--xds-server) is open; the rules in force stay while it is not.",
+		}),
 	}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "ratelimitd_build_info",
@@ -127,7 +132,7 @@ func New(version string) *Metrics {
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.ShadowRequests, m.RequestDuration,
 		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
-		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, buildInfo)
+		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, m.XDSConnected, buildInfo)
 	return m
 }
 
@@ -253,4 +258,16 @@ func (m *Metrics) ConfigLoaded(ok bool, hash string, at time.Time) {
 	m.ConfigLastSuccess.Set(float64(at.UnixNano()) / 1e9)
 	m.ConfigInfo.Reset()
 	m.ConfigInfo.WithLabelValues(hash).Set(1)
+}
+
+// XDSStream records whether the xDS stream is open.
+func (m *Metrics) XDSStream(open bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if open {
+		v = 1
+	}
+	m.XDSConnected.Set(v)
 }

@@ -2,13 +2,14 @@ package redisstore
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/tlsverify"
 )
 
 // The deployment modes.
@@ -116,17 +117,7 @@ func mergeTLS(fromURL *tls.Config, opts Options) (*tls.Config, error) {
 	if opts.RootCAs != nil {
 		name := c.ServerName
 		c.InsecureSkipVerify = true // replaced by VerifyConnection, which runs on every handshake
-		c.VerifyConnection = func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) == 0 {
-				return errors.New("redisstore: Redis sent no certificate")
-			}
-			v := x509.VerifyOptions{Roots: opts.RootCAs(), DNSName: name, Intermediates: x509.NewCertPool()}
-			for _, ic := range cs.PeerCertificates[1:] {
-				v.Intermediates.AddCert(ic)
-			}
-			_, err := cs.PeerCertificates[0].Verify(v)
-			return err
-		}
+		c.VerifyConnection = tlsverify.Against(opts.RootCAs, name, "redisstore: Redis")
 	}
 	return c, nil
 }

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/tlsverify"
+	"github.com/ratelimitd/ratelimitd/internal/xds"
+)
+
+// xdsTLS is the client TLS config for --xds-server, nil for plaintext.
+// The certificate and CA are id's, so they reload like the others.
+func xdsTLS(x *xdsSettings, id *identity) *tls.Config {
+	if !x.tls && id == nil && x.serverName == "" {
+		return nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: x.serverName}
+	if id != nil && id.certFile != "" {
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return id.clientCert(), nil }
+	}
+	if id != nil && id.caFile != "" {
+		name := x.serverName
+		if name == "" {
+			name, _, _ = net.SplitHostPort(x.server)
+		}
+		c.InsecureSkipVerify = true // replaced by VerifyConnection, which runs on every handshake
+		c.VerifyConnection = tlsverify.Against(id.roots, name, "xds: the management server")
+	}
+	return c
+}
+
+// startXDS receives the rules from --xds-server in the background until
+// ctx is done, handing each set to apply, and returns once the first
+// valid set is in force — at once with --xds-start-without-rules.
+func startXDS(ctx context.Context, wg *sync.WaitGroup, x *xdsSettings, id *identity, opts config.Options,
+	m *metrics.Metrics, log *slog.Logger, apply func(*config.Snapshot, error)) error {
+	meta, _ := parsePairs(x.nodeMeta) // checked with the flags
+	headers, _ := parsePairs(x.headers)
+	first := make(chan struct{})
+	var once sync.Once
+	failed := make(chan error, 1)
+	xo := xds.Options{
+		Server: x.server, NodeID: x.nodeID, NodeMetadata: meta, Headers: headers, TLS: xdsTLS(x, id),
+		MaxMessage: int(x.maxMessage), BackoffInitial: x.backoffInitial, BackoffMax: x.backoffMax,
+		Load: opts, Metrics: m, Logger: log,
+		OnLoad: func(s *config.Snapshot, err error) {
+			apply(s, err)
+			if err == nil {
+				once.Do(func() { close(first) })
+			}
+		},
+	}
+	wg.Go(func() {
+		if err := xds.Run(ctx, xo); err != nil {
+			failed <- err
+		}
+	})
+	if x.startWithoutRules {
+		log.Warn("serving before --xds-server sent rules: every request is answered OK until it does", "server", x.server)
+		return nil
+	}
+	log.Info("waiting for the first rules from --xds-server", "server", x.server, "node", x.nodeID)
+	select {
+	case <-first:
+		return nil
+	case err := <-failed:
+		return err
+	case <-ctx.Done():
+		return errors.New("stopped before --xds-server sent valid rules")
+	}
+}

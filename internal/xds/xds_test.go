@@ -1,0 +1,267 @@
+package xds
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/xdstest"
+)
+
+// loaded is what OnLoad received.
+type loaded struct {
+	snap *config.Snapshot
+	err  error
+}
+
+// run starts Run against addr and returns what it loads; it stops at the
+// test's end.
+func run(t *testing.T, addr string) <-chan loaded {
+	t.Helper()
+	out := make(chan loaded, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		err := Run(ctx, Options{Server: addr, NodeID: "node-a", NodeMetadata: map[string]string{"zone": "z1"},
+			BackoffInitial: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+			OnLoad: func(s *config.Snapshot, err error) { out <- loaded{s, err} }})
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return out
+}
+
+func next(t *testing.T, ch <-chan loaded) loaded {
+	t.Helper()
+	select {
+	case l := <-ch:
+		return l
+	case <-time.After(20 * time.Second):
+		t.Fatal("nothing loaded within 20 s")
+		return loaded{}
+	}
+}
+
+// limitOf is the limit the rules give domain's key=value.
+func limitOf(t *testing.T, s *config.Snapshot, domain, key, value string) uint32 {
+	t.Helper()
+	d := s.Domain(domain)
+	if d == nil {
+		t.Fatalf("no domain %q in %v", domain, s.Domains())
+	}
+	r := d.Match([]*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: value}})
+	if r == nil || r.Limit == nil {
+		t.Fatalf("no limit for %s=%s in %s", key, value, domain)
+	}
+	return r.Limit.RequestsPerUnit
+}
+
+func acked(version string) func(*discovery.DiscoveryRequest) bool {
+	return func(r *discovery.DiscoveryRequest) bool {
+		return r.GetVersionInfo() == version && r.GetErrorDetail() == nil && r.GetResponseNonce() != ""
+	}
+}
+
+// TestStream: a real go-control-plane management server delivers the
+// first set, an update, an invalid update (NACKed with the error, the
+// rules in force kept: nothing is handed over) and, after the server
+// restarts with a new set, that set.
+func TestStream(t *testing.T) {
+	srv := xdstest.Start(t, "127.0.0.1:0")
+	srv.Set("node-a", "1", xdstest.Limit("api", "api", "path", "/a", 5), xdstest.Limit("web", "web", "host", "", 50))
+	ch := run(t, srv.Addr)
+
+	l := next(t, ch)
+	if l.err != nil {
+		t.Fatalf("initial set: %v", l.err)
+	}
+	if got := limitOf(t, l.snap, "api", "path", "/a"); got != 5 {
+		t.Fatalf("initial limit %d, want 5", got)
+	}
+	if got := limitOf(t, l.snap, "web", "host", "anything"); got != 50 {
+		t.Fatalf("initial web limit %d, want 50", got)
+	}
+	if srv.WaitFor(10*time.Second, acked("1")) == nil {
+		t.Fatal("version 1 not ACKed")
+	}
+	first := srv.Requests()[0]
+	if first.GetNode().GetId() != "node-a" || first.GetNode().GetMetadata().GetFields()["zone"].GetStringValue() != "z1" {
+		t.Errorf("node sent: %v", first.GetNode())
+	}
+
+	srv.Set("node-a", "2", xdstest.Limit("api", "api", "path", "/a", 7))
+	l = next(t, ch)
+	if l.err != nil {
+		t.Fatalf("update: %v", l.err)
+	}
+	if got := limitOf(t, l.snap, "api", "path", "/a"); got != 7 || l.snap.Domain("web") != nil {
+		t.Fatalf("update: limit %d, domains %v; want 7, [api]", got, l.snap.Domains())
+	}
+	if srv.WaitFor(10*time.Second, acked("2")) == nil {
+		t.Fatal("version 2 not ACKed")
+	}
+
+	// Invalid: an empty key in one resource of two.
+	srv.Set("node-a", "3", xdstest.Limit("api", "api", "", "", 1), xdstest.Limit("web", "web", "host", "", 1))
+	l = next(t, ch)
+	if l.err == nil || l.snap != nil {
+		t.Fatalf("invalid set loaded: %v", l)
+	}
+	if want := "api: descriptors[0].key: missing or empty key"; l.err.Error() != want {
+		t.Errorf("error %q, want %q", l.err, want)
+	}
+	nack := srv.WaitFor(10*time.Second, func(r *discovery.DiscoveryRequest) bool { return r.GetErrorDetail() != nil })
+	if nack == nil {
+		t.Fatal("invalid set not NACKed")
+	}
+	if nack.GetVersionInfo() != "2" || nack.GetErrorDetail().GetMessage() != l.err.Error() {
+		t.Errorf("NACK version %q message %q; want version 2 and %q", nack.GetVersionInfo(), nack.GetErrorDetail().GetMessage(), l.err)
+	}
+
+	// The cache answers each NACK by sending the set again: it is
+	// refused again, not reported again, and not in a tight loop.
+	time.Sleep(1500 * time.Millisecond)
+	nacks := 0
+	for _, r := range srv.Requests() {
+		if r.GetErrorDetail() != nil {
+			nacks++
+		}
+	}
+	if nacks < 2 || nacks > 6 {
+		t.Errorf("%d NACKs of the same set in 1.5 s; want it refused again, with pauses (2 to 6)", nacks)
+	}
+	select {
+	case l := <-ch:
+		t.Errorf("the same invalid set reported again: %v", l.err)
+	default:
+	}
+
+	// The server restarts on the same address with a new set.
+	addr := srv.Addr
+	srv.Stop()
+	srv = xdstest.Start(t, addr)
+	srv.Set("node-a", "4", xdstest.Limit("api", "api", "path", "/a", 9))
+	l = next(t, ch)
+	if l.err != nil {
+		t.Fatalf("after restart: %v", l.err)
+	}
+	if got := limitOf(t, l.snap, "api", "path", "/a"); got != 9 {
+		t.Fatalf("after restart: limit %d, want 9", got)
+	}
+	if srv.WaitFor(10*time.Second, acked("4")) == nil {
+		t.Fatal("version 4 not ACKed after the restart")
+	}
+	select {
+	case l := <-ch:
+		t.Errorf("loaded again without a change: %v", l)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// TestRenderMatchesFile: a RateLimitConfig compiles to the rules its
+// equivalent file does (nesting, replaces, unlimited, shadow and
+// detailed metric), and its problems are the file's, without lines.
+func TestRenderMatchesFile(t *testing.T) {
+	rc := &rlsconf.RateLimitConfig{Name: "edge", Domain: "edge", Descriptors: []*rlsconf.RateLimitDescriptor{
+		{Key: "k1", Value: "v1", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_MINUTE, RequestsPerUnit: 5, Name: "per-k1"},
+			Descriptors: []*rlsconf.RateLimitDescriptor{{Key: "sub", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_SECOND, RequestsPerUnit: 10}}}},
+		{Key: "unl", RateLimit: &rlsconf.RateLimitPolicy{Unlimited: true, Replaces: []*rlsconf.RateLimitReplace{{Name: "per-k1"}}}},
+		{Key: "zero", ShadowMode: true, DetailedMetric: true, RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_DAY}},
+		{Key: "p", Value: "/api/*", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_HOUR, RequestsPerUnit: 3}},
+		{Key: "whitelist", Value: "123"},
+	}}
+	file := `domain: edge
+descriptors:
+  - key: k1
+    value: v1
+    rate_limit: {unit: minute, requests_per_unit: 5, name: per-k1}
+    descriptors:
+      - key: sub
+        rate_limit: {unit: second, requests_per_unit: 10}
+  - key: unl
+    rate_limit: {unlimited: true, replaces: [{name: per-k1}]}
+  - key: zero
+    shadow_mode: true
+    detailed_metric: true
+    rate_limit: {unit: day, requests_per_unit: 0}
+  - key: p
+    value: "/api/*"
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: whitelist
+    value: "123"
+`
+	a, err := anypb.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Load(context.Background(), config.Options{}, []*anypb.Any{a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := config.Parse("edge", []byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type ruleOf struct {
+		Path, Key, Value           string
+		Limit                      *config.RateLimit
+		ShadowMode, DetailedMetric bool
+	}
+	rulesOf := func(s *config.Snapshot) (out []ruleOf) {
+		for _, r := range s.Domain("edge").Rules() {
+			out = append(out, ruleOf{r.Path, r.Key, r.Value, r.Limit, r.ShadowMode, r.DetailedMetric})
+		}
+		return out
+	}
+	if g, w := rulesOf(got), rulesOf(want); !reflect.DeepEqual(g, w) || len(g) != 6 {
+		t.Errorf("rendered rules:\n%+v\nfile's:\n%+v", g, w)
+	}
+	for _, r := range got.Domain("edge").Rules() {
+		if r.File != "edge" || r.Line != 0 {
+			t.Errorf("rule %s at %s:%d; want the resource's name and no line", r.Path, r.File, r.Line)
+		}
+	}
+
+	// Each problem a file would have, named by path without a line.
+	rc.Descriptors[0].RateLimit.Unit = rlsconf.RateLimitUnit_UNKNOWN
+	rc.Descriptors[1].RateLimit.Unit = rlsconf.RateLimitUnit_SECOND
+	rc.Descriptors = append(rc.Descriptors, &rlsconf.RateLimitDescriptor{Key: "k1", Value: "v1"})
+	a, _ = anypb.New(rc)
+	_, err = Load(context.Background(), config.Options{}, []*anypb.Any{a})
+	for _, want := range []string{
+		"edge: descriptors[0].rate_limit.unit: unknown unit \"unknown\"",
+		"edge: descriptors[1].rate_limit.unit: unlimited: true must not have a unit",
+		"edge: descriptors[5]",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+
+	// Two resources of one domain, as two files would be.
+	web1, _ := anypb.New(xdstest.Limit("web-1", "web", "a", "", 1))
+	web2, _ := anypb.New(xdstest.Limit("web-2", "web", "b", "", 1))
+	if _, err := Load(context.Background(), config.Options{}, []*anypb.Any{web1, web2}); err == nil || !strings.Contains(err.Error(), `web-2: duplicate domain "web" (already defined in web-1`) {
+		t.Errorf("duplicate domain: %v", err)
+	}
+	if s, err := Load(context.Background(), config.Options{MergeDomains: true}, []*anypb.Any{web1, web2}); err != nil || len(s.Domain("web").Rules()) != 2 {
+		t.Errorf("merged: %v", err)
+	}
+
+	// A resource of another type is refused, naming it.
+	other, _ := anypb.New(&rlsconf.RateLimitPolicy{})
+	if _, err := Load(context.Background(), config.Options{}, []*anypb.Any{other}); err == nil || !strings.Contains(err.Error(), "resource 0 (type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitPolicy)") {
+		t.Errorf("wrong type: %v", err)
+	}
+}
