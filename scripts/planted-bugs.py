@@ -62,6 +62,7 @@ muts = [
     ("41 xDS rules not checked as files are","internal/xds/xds.go","return config.LoadDocs(ctx, opts, docs)","opts.MergeDomains = true\n\treturn config.LoadDocs(ctx, opts, docs)","./internal/xds","TestRenderMatchesFile"),
     ("42 xDS client trusts any server","cmd/ratelimitd/xds.go","c.VerifyConnection = tlsverify.Against(id.roots, name, \"xds: the management server\")","_ = tlsverify.Against(id.roots, name, \"\")","./cmd/ratelimitd","TestRulesOverXDSTLS"),
     ("43 invalid xDS set replaces the rules","cmd/ratelimitd/xds.go","\t\t\tapply(s, err)\n","\t\t\tif err != nil {\n\t\t\t\ts, err = config.LoadDocs(ctx, opts, nil)\n\t\t\t}\n\t\t\tapply(s, err)\n","./cmd/ratelimitd","TestRulesOverXDS$"),
+    ("44 header names ignored","internal/service/headers.go","&corev3.HeaderValue{Key: names.Limit,","&corev3.HeaderValue{Key: HeaderLimit,","./internal/service","TestHeaders"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -45,23 +45,25 @@ func TestEnvoyproxyEnvironment(t *testing.T) {
 	_, httpPort, _ := net.SplitHostPort(freeAddr(t))
 	_, grpcPort, _ := net.SplitHostPort(freeAddr(t))
 	vars := map[string]string{
-		"RATELIMITD_ENV_COMPAT":       "envoyproxy",
-		"REDIS_SOCKET_TYPE":           "tcp",
-		"REDIS_URL":                   srv.Addr(),
-		"REDIS_AUTH":                  "password123",
-		"RUNTIME_ROOT":                root,
-		"RUNTIME_SUBDIRECTORY":        "ratelimit",
-		"RUNTIME_WATCH_ROOT":          "false",
-		"USE_STATSD":                  "false",
-		"LOG_LEVEL":                   "DEBUG",
-		"HOST":                        "127.0.0.1",
-		"PORT":                        httpPort,
-		"GRPC_HOST":                   "127.0.0.1",
-		"GRPC_PORT":                   grpcPort,
-		"LOCAL_CACHE_SIZE_IN_BYTES":   "1048576",
-		"REDIS_PERSECOND":             "true",
-		"REDIS_PERSECOND_SOCKET_TYPE": "tcp",
-		"REDIS_PERSECOND_URL":         perSecond.Addr(),
+		"RATELIMITD_ENV_COMPAT":          "envoyproxy",
+		"REDIS_SOCKET_TYPE":              "tcp",
+		"REDIS_URL":                      srv.Addr(),
+		"REDIS_AUTH":                     "password123",
+		"RUNTIME_ROOT":                   root,
+		"RUNTIME_SUBDIRECTORY":           "ratelimit",
+		"RUNTIME_WATCH_ROOT":             "false",
+		"USE_STATSD":                     "false",
+		"LOG_LEVEL":                      "DEBUG",
+		"HOST":                           "127.0.0.1",
+		"PORT":                           httpPort,
+		"GRPC_HOST":                      "127.0.0.1",
+		"GRPC_PORT":                      grpcPort,
+		"LOCAL_CACHE_SIZE_IN_BYTES":      "1048576",
+		"REDIS_PERSECOND":                "true",
+		"REDIS_PERSECOND_SOCKET_TYPE":    "tcp",
+		"REDIS_PERSECOND_URL":            perSecond.Addr(),
+		"LIMIT_RESPONSE_HEADERS_ENABLED": "true",
+		"LIMIT_REMAINING_HEADER":         "X-RL-Remaining",
 	}
 	var log syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
@@ -86,6 +88,8 @@ func TestEnvoyproxyEnvironment(t *testing.T) {
 	}
 	if r := ask("basic", "key1"); r.GetStatuses()[0].GetLimitRemaining() != 49 {
 		t.Errorf("basic/key1: %v, want 49 remaining", r)
+	} else if h := r.GetResponseHeadersToAdd(); len(h) != 3 || h[0].GetKey() != "RateLimit-Limit" || h[1].GetKey() != "X-RL-Remaining" || h[1].GetValue() != "49" {
+		t.Errorf("basic/key1 headers: %v, want RateLimit-Limit and X-RL-Remaining: 49 (LIMIT_REMAINING_HEADER)", h)
 	}
 	for i := range 25 {
 		r := ask("another", "key2")

@@ -108,6 +108,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		KeyPrefix:        s.keyPrefix,
 		ShadowMode:       s.shadowMode,
 		ResponseHeaders:  service.HeaderStyle(s.responseHeaders),
+		HeaderNames:      s.headerNames,
 		FailureMode:      s.failureMode,
 		DecisionMetadata: s.decisionMeta,
 		NearLimitRatio:   s.nearLimitRatio,

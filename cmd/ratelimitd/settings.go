@@ -63,6 +63,7 @@ type settings struct {
 	nearLimitRatio    float64
 	dispatchers       int
 	xds               xdsSettings
+	headerNames       service.HeaderNames
 }
 
 // xdsSettings are the --xds-* flags: rules from a management server.
@@ -103,6 +104,9 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.Var(&s.localCacheSize, "local-cache-size", "bytes of local over-limit cache (e.g. 0, 1048576, 64MiB); 0 turns it off")
 	fs.BoolVar(&s.shadowMode, "shadow-mode", false, "global shadow mode: decide and count, but always answer OK overall")
 	fs.Var(&s.responseHeaders, "response-headers", "rate-limit headers on responses: legacy (RateLimit-Limit/-Remaining/-Reset; a bare --response-headers), draft11 (RateLimit-Policy and RateLimit), or off")
+	fs.StringVar(&s.headerNames.Limit, "response-header-limit", service.HeaderLimit, "name of the legacy style's limit header")
+	fs.StringVar(&s.headerNames.Remaining, "response-header-remaining", service.HeaderRemaining, "name of the legacy style's remaining header")
+	fs.StringVar(&s.headerNames.Reset, "response-header-reset", service.HeaderReset, "name of the legacy style's reset header")
 	fs.DurationVar(&s.redisTimeout, "redis-timeout", redisstore.DefaultTimeout, "bound on each Redis call; a shorter gRPC deadline wins")
 	fs.DurationVar(&s.breakerAfter, "breaker-open-after", redisstore.DefaultBreakerOpenAfter, "open the Redis breaker (answer by failure policy at once) only after round trips have kept failing this long, with no answer in between")
 	fs.StringVar(&s.keyPrefix, "key-prefix", "", "prefix of every Redis key; changing it starts every counter afresh")
@@ -222,6 +226,12 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, fmt.Errorf("--near-limit-ratio must be in (0, 1], got %v", s.nearLimitRatio)
 	case s.drainDelay < 0:
 		return nil, fmt.Errorf("--drain-delay must not be negative, got %v", s.drainDelay)
+	}
+	for _, h := range []struct{ flag, v string }{{"--response-header-limit", s.headerNames.Limit},
+		{"--response-header-remaining", s.headerNames.Remaining}, {"--response-header-reset", s.headerNames.Reset}} {
+		if !service.ValidHeaderName(h.v) {
+			return nil, fmt.Errorf("%s %q: not an HTTP header name", h.flag, h.v)
+		}
 	}
 	for _, kv := range []struct{ flag, v string }{{"--xds-node-metadata", s.xds.nodeMeta}, {"--xds-headers", s.xds.headers}} {
 		if _, err := parsePairs(kv.v); err != nil {

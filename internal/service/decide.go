@@ -334,7 +334,7 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 		}
 	}
 	if s.opts.ResponseHeaders != HeadersOff {
-		resp.ResponseHeadersToAdd = headers(s.opts.ResponseHeaders, items, statuses, states)
+		resp.ResponseHeadersToAdd = headers(s.opts.ResponseHeaders, s.opts.HeaderNames, items, statuses, states)
 	}
 	if reasons != nil {
 		md, err := structpb.NewStruct(map[string]any{"decisions": reasons})

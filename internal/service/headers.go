@@ -16,6 +16,37 @@ const (
 	HeaderReset     = "RateLimit-Reset"
 )
 
+// HeaderNames are the names of the legacy style's headers.
+type HeaderNames struct {
+	Limit, Remaining, Reset string
+}
+
+func (n HeaderNames) withDefaults() HeaderNames {
+	for _, f := range []struct {
+		name *string
+		def  string
+	}{{&n.Limit, HeaderLimit}, {&n.Remaining, HeaderRemaining}, {&n.Reset, HeaderReset}} {
+		if *f.name == "" {
+			*f.name = f.def
+		}
+	}
+	return n
+}
+
+// ValidHeaderName reports whether s is an HTTP field name (RFC 9110's
+// token): Envoy refuses to add anything else.
+func ValidHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
 // HeaderStyle selects the rate-limit headers added to responses.
 type HeaderStyle uint8
 
@@ -42,7 +73,7 @@ const (
 // one over its limit (quota-mode ones aside), else the one with the
 // fewest remaining, the first on a tie. Descriptors answered by failure
 // policy are left out: nothing is known of them.
-func headers(style HeaderStyle, items []item, statuses []*rlsv3.RateLimitResponse_DescriptorStatus, states []checkState) []*corev3.HeaderValue {
+func headers(style HeaderStyle, names HeaderNames, items []item, statuses []*rlsv3.RateLimitResponse_DescriptorStatus, states []checkState) []*corev3.HeaderValue {
 	best := -1
 	for i, st := range statuses {
 		if st.GetCurrentLimit() == nil || states[items[i].check].failed {
@@ -78,9 +109,9 @@ func headers(style HeaderStyle, items []item, statuses []*rlsv3.RateLimitRespons
 			&corev3.HeaderValue{Key: HeaderRateLimit, Value: fmt.Sprintf("%s;r=%d;t=%d", sfString(items[best].label), st.GetLimitRemaining(), resetSeconds(st))})
 	} else {
 		out = append(out,
-			&corev3.HeaderValue{Key: HeaderLimit, Value: strconv.FormatUint(uint64(st.GetCurrentLimit().GetRequestsPerUnit()), 10)},
-			&corev3.HeaderValue{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(st.GetLimitRemaining()), 10)},
-			&corev3.HeaderValue{Key: HeaderReset, Value: strconv.FormatInt(resetSeconds(st), 10)})
+			&corev3.HeaderValue{Key: names.Limit, Value: strconv.FormatUint(uint64(st.GetCurrentLimit().GetRequestsPerUnit()), 10)},
+			&corev3.HeaderValue{Key: names.Remaining, Value: strconv.FormatUint(uint64(st.GetLimitRemaining()), 10)},
+			&corev3.HeaderValue{Key: names.Reset, Value: strconv.FormatInt(resetSeconds(st), 10)})
 	}
 	// Retry-After on a rejection: the longest wait among the descriptors
 	// over their limit, in whole seconds rounded up, at least 1.

@@ -62,6 +62,10 @@ type Options struct {
 	// constraining descriptor: none (zero), legacy or draft-11. Rejected
 	// requests also get Retry-After.
 	ResponseHeaders HeaderStyle
+	// HeaderNames renames the legacy style's three headers (as
+	// envoyproxy/ratelimit's LIMIT_*_HEADER do); an empty name keeps
+	// the default.
+	HeaderNames HeaderNames
 	// MaxDescriptors bounds the descriptors of one request. Zero means
 	// DefaultMaxDescriptors.
 	MaxDescriptors int
@@ -138,6 +142,7 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	if opts.DeadlineMargin <= 0 {
 		opts.DeadlineMargin = DefaultDeadlineMargin
 	}
+	opts.HeaderNames = opts.HeaderNames.withDefaults()
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
 		opts.NearLimitRatio = 0.8
 	}

@@ -584,6 +584,20 @@ func TestHeaders(t *testing.T) {
 	if r := call(t, s, request(desc("nope", "h"))); len(r.GetResponseHeadersToAdd()) != 0 {
 		t.Errorf("headers without a limit: %v", hdrs(r))
 	}
+	// Renamed, as LIMIT_*_HEADER do; a name left empty keeps its default.
+	renamed := service.New(rules(t), memstore.New(memstore.Options{}), nil, service.Options{ResponseHeaders: service.HeadersLegacy,
+		HeaderNames: service.HeaderNames{Limit: "X-RateLimit-Limit", Reset: "X-RateLimit-Reset"}})
+	r = call(t, renamed, request(desc("user", "h")))
+	reset = r.GetStatuses()[0].GetDurationUntilReset().GetSeconds()
+	want = "X-RateLimit-Limit=3 RateLimit-Remaining=2 X-RateLimit-Reset=" + strconv.FormatInt(reset, 10)
+	if got := hdrs(r); got != want {
+		t.Errorf("renamed headers = %q, want %q", got, want)
+	}
+	for name, ok := range map[string]bool{"X-RateLimit-Limit": true, "x_rl~1": true, "": false, "Bad Name": false, "a:b": false, "é": false} {
+		if service.ValidHeaderName(name) != ok {
+			t.Errorf("ValidHeaderName(%q) = %v", name, !ok)
+		}
+	}
 }
 
 func TestInvalidRequests(t *testing.T) {
