@@ -28,6 +28,10 @@ type RateLimit struct {
 	UnitMultiplier uint32
 	// Burst is a token bucket's capacity; 0 means RequestsPerUnit.
 	Burst uint32
+	// Lease has instances decide the limit in process from hits leased
+	// from the store's counter (grants), never more than the limit in
+	// all; a store with one process decides it exactly.
+	Lease bool
 }
 
 // Window is the length of one window: the unit times the multiplier.
@@ -204,6 +208,9 @@ func (s *Snapshot) Dump() string {
 				}
 				if l.Burst > 0 {
 					fmt.Fprintf(&b, " burst=%d", l.Burst)
+				}
+				if l.Lease {
+					b.WriteString(" lease=true")
 				}
 			}
 			if l.Name != "" {

@@ -309,12 +309,18 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 }
 
 func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
-	f := p.fields(n, path, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier")
+	f := p.fields(n, path, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "lease")
 	if f == nil {
 		return nil
 	}
 	l := &RateLimit{}
 	l.Unlimited = p.boolean(f["unlimited"], path+".unlimited")
+	if v, ok := f["lease"]; ok {
+		l.Lease = p.boolean(v, path+".lease")
+		if l.Unlimited && l.Lease {
+			p.errorf(v, path+".lease", "an unlimited rule has nothing to lease")
+		}
+	}
 	if v, ok := f["name"]; ok {
 		l.Name, _ = p.str(v, path+".name")
 		if len(l.Name) > MaxValueBytes {

@@ -244,7 +244,7 @@ func newStore(ctx context.Context, s *settings, tlsID *identity, m *metrics.Metr
 	}
 	opts := redisstore.Options{
 		URL: s.redisURL, Password: password, Mode: s.redisMode, Timeout: s.redisTimeout, BreakerOpenAfter: s.breakerAfter,
-		Metrics: m, Logger: log, Dispatchers: s.dispatchers,
+		Metrics: m, Logger: log, Dispatchers: s.dispatchers, LeaseInterval: s.leaseInterval,
 	}
 	if tlsID != nil && tlsID.certFile != "" {
 		opts.ClientCert = tlsID.clientCert

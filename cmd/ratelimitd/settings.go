@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 	"github.com/ratelimitd/ratelimitd/internal/xds"
@@ -64,6 +65,7 @@ type settings struct {
 	dispatchers       int
 	xds               xdsSettings
 	headerNames       service.HeaderNames
+	leaseInterval     time.Duration
 }
 
 // xdsSettings are the --xds-* flags: rules from a management server.
@@ -107,6 +109,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.headerNames.Limit, "response-header-limit", service.HeaderLimit, "name of the legacy style's limit header")
 	fs.StringVar(&s.headerNames.Remaining, "response-header-remaining", service.HeaderRemaining, "name of the legacy style's remaining header")
 	fs.StringVar(&s.headerNames.Reset, "response-header-reset", service.HeaderReset, "name of the legacy style's reset header")
+	fs.DurationVar(&s.leaseInterval, "lease-interval", lease.DefaultInterval, "how long a grant of a leased counter (lease: true) should last at its recent rate: longer means fewer Redis round trips and more hits held per instance")
 	fs.DurationVar(&s.redisTimeout, "redis-timeout", redisstore.DefaultTimeout, "bound on each Redis call; a shorter gRPC deadline wins")
 	fs.DurationVar(&s.breakerAfter, "breaker-open-after", redisstore.DefaultBreakerOpenAfter, "open the Redis breaker (answer by failure policy at once) only after round trips have kept failing this long, with no answer in between")
 	fs.StringVar(&s.keyPrefix, "key-prefix", "", "prefix of every Redis key; changing it starts every counter afresh")
@@ -201,6 +204,8 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, fmt.Errorf("--xds-backoff-initial (%v) must be positive and at most --xds-backoff-max (%v)", s.xds.backoffInitial, s.xds.backoffMax)
 	case s.xds.maxMessage < 1024:
 		return nil, fmt.Errorf("--xds-max-message-size must be at least 1024, got %d", s.xds.maxMessage)
+	case s.leaseInterval < time.Millisecond || s.leaseInterval > time.Minute:
+		return nil, fmt.Errorf("--lease-interval must be from 1ms to 1m, got %v", s.leaseInterval)
 	case s.redisTimeout <= 0:
 		return nil, fmt.Errorf("--redis-timeout must be positive, got %v", s.redisTimeout)
 	case s.breakerAfter <= 0:

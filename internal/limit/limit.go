@@ -1,5 +1,7 @@
 package limit
 
+import "fmt"
+
 // Algorithm is how a counter decides.
 type Algorithm uint8
 
@@ -41,6 +43,10 @@ type Check struct {
 	Algorithm Algorithm
 	// Burst is a token bucket's capacity; zero means Limit.
 	Burst uint64
+	// Lease lets a store decide the check in process from hits leased
+	// from the counter (see internal/lease); a store without leases
+	// decides it as any other.
+	Lease bool
 }
 
 // MaxHits is where a check's hits saturate. Limits, bursts and so every
@@ -270,4 +276,17 @@ func capacity(c *Check, t int64) int64 {
 		b = c.Limit
 	}
 	return int64(b) * t
+}
+
+// String names the algorithm as rules files do.
+func (a Algorithm) String() string {
+	switch a {
+	case FixedWindow:
+		return "fixed_window"
+	case SlidingWindow:
+		return "sliding_window"
+	case TokenBucket:
+		return "token_bucket"
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }

@@ -36,6 +36,10 @@ type Metrics struct {
 	ConfigLastSuccess prometheus.Gauge
 	ConfigInfo        *prometheus.GaugeVec
 	XDSConnected      prometheus.Gauge
+	LeaseDecisions    *prometheus.CounterVec
+	LeaseGrants       prometheus.Counter
+	LeaseHits         *prometheus.CounterVec
+	LeaseRefills      *prometheus.CounterVec
 }
 
 // New registers every collector, with Go and process collectors, on a new
@@ -120,6 +124,22 @@ func New(version string) *Metrics {
 			Name: "ratelimitd_config_info",
 			Help: "1 for the rules in force, labelled with their hash.",
 		}, []string{"hash"}),
+		LeaseDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_lease_requests_total",
+			Help: "Requests touching a leased counter (lease: true): local (decided in process from grants alone) or waited (a grant fell short and Redis decided the rest).",
+		}, []string{"how"}),
+		LeaseGrants: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimitd_lease_grants_total",
+			Help: "Grants taken from leased counters in Redis.",
+		}),
+		LeaseHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_lease_hits_total",
+			Help: "Hits of leased counters: granted (taken from Redis), given_back (unused, returned in their window), lost (unused when their window ended, or not returned).",
+		}, []string{"what"}),
+		LeaseRefills: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_lease_refills_total",
+			Help: "Script calls of the lease refiller (takes and give-backs of many counters at once) by result.",
+		}, []string{"result"}),
 		XDSConnected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratelimitd_xds_connected",
 			Help: "1 while the stream to the xDS management server (--xds-server) is open; the rules in force stay while it is not.",
@@ -132,7 +152,8 @@ func New(version string) *Metrics {
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.ShadowRequests, m.RequestDuration,
 		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
-		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, m.XDSConnected, buildInfo)
+		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, m.XDSConnected,
+		m.LeaseDecisions, m.LeaseGrants, m.LeaseHits, m.LeaseRefills, buildInfo)
 	return m
 }
 
@@ -270,4 +291,54 @@ func (m *Metrics) XDSStream(open bool) {
 		v = 1
 	}
 	m.XDSConnected.Set(v)
+}
+
+// LeaseLocal counts a request decided in process from grants alone.
+func (m *Metrics) LeaseLocal() {
+	if m != nil {
+		m.LeaseDecisions.WithLabelValues("local").Inc()
+	}
+}
+
+// LeaseWaited counts a request whose grant fell short: Redis decided
+// what the grant lacked.
+func (m *Metrics) LeaseWaited() {
+	if m != nil {
+		m.LeaseDecisions.WithLabelValues("waited").Inc()
+	}
+}
+
+// LeaseGranted counts one take and the hits it got.
+func (m *Metrics) LeaseGranted(hits uint64) {
+	if m != nil {
+		m.LeaseGrants.Inc()
+		m.LeaseHits.WithLabelValues("granted").Add(float64(hits))
+	}
+}
+
+// LeaseGivenBack counts hits given back, and those that could not be
+// (their window had ended).
+func (m *Metrics) LeaseGivenBack(back, lost uint64) {
+	if m != nil {
+		m.LeaseHits.WithLabelValues("given_back").Add(float64(back))
+		m.LeaseHits.WithLabelValues("lost").Add(float64(lost))
+	}
+}
+
+// LeaseLost counts granted hits that went unused.
+func (m *Metrics) LeaseLost(hits uint64) {
+	if m != nil {
+		m.LeaseHits.WithLabelValues("lost").Add(float64(hits))
+	}
+}
+
+// LeaseRefill counts one refiller script call.
+func (m *Metrics) LeaseRefill(ok bool) {
+	if m != nil {
+		result := "success"
+		if !ok {
+			result = "failure"
+		}
+		m.LeaseRefills.WithLabelValues(result).Inc()
+	}
 }

@@ -31,21 +31,29 @@ type GrantResult struct {
 	// ResetUS is the time until the window ends (for a token bucket,
 	// until one more hit is allowed).
 	ResetUS int64
+	// WindowEndUS is the end of the window, on Redis's clock, that the
+	// hits were taken in (0 for a token bucket): a give-back names it.
+	WindowEndUS int64
 }
 
 // Grant takes or gives back lease hits, one script call for all ops (one
 // per op on Cluster, where their keys may sit in different slots). It is
 // not batched with decisions: grants are few and made ahead of need.
 func (s *Store) Grant(ctx context.Context, ops []GrantOp) ([]GrantResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.grantCall(ctx, ops)
+}
+
+// grantCall is Grant within ctx's deadline alone.
+func (s *Store) grantCall(ctx context.Context, ops []GrantOp) ([]GrantResult, error) {
 	if len(ops) == 0 {
 		return nil, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
 	if s.cluster != nil && len(ops) > 1 {
 		out := make([]GrantResult, 0, len(ops))
 		for _, op := range ops {
-			r, err := s.Grant(ctx, []GrantOp{op})
+			r, err := s.grantCall(ctx, []GrantOp{op})
 			if err != nil {
 				return nil, err
 			}
@@ -66,7 +74,7 @@ func (s *Store) Grant(ctx context.Context, ops []GrantOp) ([]GrantResult, error)
 		args = append(args, kind, c.SaturatedHits(), c.Limit, c.WindowUS, uint8(c.Algorithm), c.Burst, op.WindowEndUS)
 	}
 	start, deadline := time.Now(), time.Now().Add(s.timeout)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+	if dl, ok := ctx.Deadline(); ok {
 		deadline = dl
 	}
 	var c redis.Scripter = s.client
@@ -75,16 +83,17 @@ func (s *Store) Grant(ctx context.Context, ops []GrantOp) ([]GrantResult, error)
 		res, err = s.grantScript.Eval(ctx, c, keys, args...).Result()
 	}
 	s.breaker.roundTrip(start, deadline, err)
-	vals, err := checkReply(res, err, len(keys))
+	vals, err := checkReplyOf(res, err, 4*len(keys))
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: eval grant (%d keys): %w: %w", len(keys), ErrUnavailable, err)
 	}
 	out := make([]GrantResult, len(ops))
 	for i := range out {
-		hits, _ := vals[3*i].(int64)
-		remaining, _ := vals[3*i+1].(int64)
-		reset, _ := vals[3*i+2].(int64)
-		out[i] = GrantResult{Hits: uint64(hits), Remaining: uint64(remaining), ResetUS: reset}
+		hits, _ := vals[4*i].(int64)
+		remaining, _ := vals[4*i+1].(int64)
+		reset, _ := vals[4*i+2].(int64)
+		end, _ := vals[4*i+3].(int64)
+		out[i] = GrantResult{Hits: uint64(hits), Remaining: uint64(remaining), ResetUS: reset, WindowEndUS: end}
 	}
 	return out, nil
 }

@@ -75,7 +75,11 @@ func TestGrantMatchesLimit(t *testing.T) {
 		res, exp := make([]limit.Result, 1), make([]int64, 1)
 		st := []limit.State{m.st}
 		limit.Decide([]limit.Check{peek}, st, []bool{true}, now, res, exp)
-		if got[0].Hits != want || got[0].Remaining != res[0].Remaining || got[0].ResetUS != res[0].ResetUS {
+		wantEnd := int64(0)
+		if c.Algorithm != limit.TokenBucket {
+			wantEnd = limit.WindowEnd(now, c.WindowUS)
+		}
+		if got[0].Hits != want || got[0].Remaining != res[0].Remaining || got[0].ResetUS != res[0].ResetUS || got[0].WindowEndUS != wantEnd {
 			t.Fatalf("op %d %+v at %d: redis %+v, limit %d hits, %+v", i, op, now, got[0], want, res[0])
 		}
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
@@ -81,6 +82,11 @@ type Options struct {
 	Dispatchers int
 	// Logger receives breaker and maxmemory-policy lines. Nil discards.
 	Logger *slog.Logger
+	// LeaseInterval is how long a grant of a leased counter (lease: true)
+	// should last at the counter's recent rate; zero means
+	// lease.DefaultInterval, negative turns leases off (every check is
+	// decided in Redis).
+	LeaseInterval time.Duration
 	// ScriptTime, when set, is sent to the script as "now" instead of
 	// letting it read Redis TIME. Tests only: it lets them script a
 	// timeline. Production leaves it nil.
@@ -113,6 +119,9 @@ type Store struct {
 	wg          sync.WaitGroup
 	closeMu     sync.Once
 	policies    sync.Map // node → last maxmemory-policy logged
+	leases      *leases  // nil when leases are off
+	leaseStop   chan struct{}
+	leaseWG     sync.WaitGroup
 }
 
 // New parses the URL and builds the client. It does not wait for Redis: a
@@ -170,6 +179,14 @@ func New(opts Options) (*Store, error) {
 			s.single = s.newBatcher(s.client, nil)
 		}
 	}
+	if opts.LeaseInterval >= 0 {
+		iv := opts.LeaseInterval
+		if iv == 0 {
+			iv = lease.DefaultInterval
+		}
+		s.leases, s.leaseStop = newLeases(s, iv), make(chan struct{})
+		s.leaseWG.Go(func() { s.leases.run(s.leaseStop) })
+	}
 	every := opts.PolicyCheckEvery
 	if every <= 0 {
 		every = DefaultPolicyCheckEvery
@@ -220,6 +237,18 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 	if len(checks) == 0 {
 		return nil, nil
 	}
+	if s.leases != nil {
+		for i := range checks {
+			if checks[i].Lease {
+				return s.leases.evaluate(ctx, checks)
+			}
+		}
+	}
+	return s.evaluateExact(ctx, checks)
+}
+
+// evaluateExact decides checks in Redis, leases aside.
+func (s *Store) evaluateExact(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	ok, trial := s.breaker.allow()
 	if !ok {
 		s.m.RedisCall(0, ClassBreakerOpen)
@@ -299,6 +328,11 @@ func (s *Store) BreakerOpen() bool { return s.breaker.isOpen() }
 func (s *Store) Close() error {
 	var err error
 	s.closeMu.Do(func() {
+		if s.leases != nil {
+			close(s.leaseStop)
+			s.leaseWG.Wait()
+			s.leases.close()
+		}
 		s.nodes.close()
 		close(s.done)
 		s.breaker.stop()

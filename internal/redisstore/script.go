@@ -123,11 +123,16 @@ const (
 
 // checkReply returns the script's flat reply for nkeys keys.
 func checkReply(res any, err error, nkeys int) ([]any, error) {
+	return checkReplyOf(res, err, 3*nkeys)
+}
+
+// checkReplyOf checks that a reply is a list of nvals values.
+func checkReplyOf(res any, err error, nvals int) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 3*nkeys {
+	if !ok || len(vals) != nvals {
 		return nil, fmt.Errorf("unexpected reply %v", res)
 	}
 	return vals, nil

@@ -96,11 +96,12 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 		if c < 0 {
 			c = len(checks)
 			checks = append(checks, limit.Check{Key: key, Limit: uint64(it.rpu), WindowUS: it.windowUS, NoVeto: noVeto,
-				Algorithm: it.algo, Burst: it.burst})
+				Algorithm: it.algo, Burst: it.burst, Lease: it.lease})
 			consume, refund = append(consume, 0), append(refund, 0)
 		} else {
 			checks[c].Limit = min(checks[c].Limit, uint64(it.rpu))
 			checks[c].NoVeto = checks[c].NoVeto && noVeto
+			checks[c].Lease = checks[c].Lease && it.lease
 		}
 		if it.refund {
 			refund[c] += it.hits

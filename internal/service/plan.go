@@ -21,6 +21,7 @@ type item struct {
 	windowUS int64
 	algo     limit.Algorithm
 	burst    uint64
+	lease    bool
 	mult     uint32
 	hits     uint64
 	refund   bool
@@ -136,7 +137,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 		it.kind = counted
 		it.rpu, it.unit = l.RequestsPerUnit, l.Unit
 		it.windowUS = l.Window().Microseconds()
-		it.algo, it.burst, it.mult = limit.Algorithm(l.Algorithm), uint64(l.Burst), l.UnitMultiplier
+		it.algo, it.burst, it.mult, it.lease = limit.Algorithm(l.Algorithm), uint64(l.Burst), l.UnitMultiplier, l.Lease
 	}
 	if replaced == nil {
 		return

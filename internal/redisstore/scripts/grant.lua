@@ -14,7 +14,9 @@
 --          algorithm (0 fixed, 1 sliding, 2 token bucket), burst,
 --          window end in us of the grant given back (0 for a take)
 -- Returns per key: hits taken or given back, remaining after, us until
--- the window ends (for a bucket: until one more hit is allowed).
+-- the window ends (for a bucket: until one more hit is allowed), and the
+-- window's end in us on this clock (0 for a bucket), which a give-back
+-- of those hits names.
 local now
 if ARGV[1] == '0' then
   local t = redis.call('TIME')
@@ -39,7 +41,7 @@ for i = 1, #KEYS do
   local op, n, l, w = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
   local a, burst, gend = tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
   local raw = redis.call('MGET', KEYS[i])[1]
-  local done, remaining, reset, val, ex = 0, 0, 0, nil, nil
+  local done, remaining, reset, val, ex, wend = 0, 0, 0, nil, nil, 0
   if a == 2 then
     if l > 0 then
       local t = idiv(w + l - 1, l)
@@ -93,7 +95,7 @@ for i = 1, #KEYS do
       c, est = c - done, est - done
     end
     if est < l then remaining = l - est end
-    reset = we - now
+    reset, wend = we - now, we
     if a == 1 then
       if c > 0 or p > 0 then val, ex = pre .. c .. ':' .. p, px(we + w + GRACE) end
     elseif c > 0 then
@@ -108,5 +110,6 @@ for i = 1, #KEYS do
   out[#out + 1] = done
   out[#out + 1] = remaining
   out[#out + 1] = reset
+  out[#out + 1] = wend
 end
 return out
