@@ -63,6 +63,10 @@ muts = [
     ("42 xDS client trusts any server","cmd/ratelimitd/xds.go","c.VerifyConnection = tlsverify.Against(id.roots, name, \"xds: the management server\")","_ = tlsverify.Against(id.roots, name, \"\")","./cmd/ratelimitd","TestRulesOverXDSTLS"),
     ("43 invalid xDS set replaces the rules","cmd/ratelimitd/xds.go","\t\t\tapply(s, err)\n","\t\t\tif err != nil {\n\t\t\t\ts, err = config.LoadDocs(ctx, opts, nil)\n\t\t\t}\n\t\t\tapply(s, err)\n","./cmd/ratelimitd","TestRulesOverXDS$"),
     ("44 header names ignored","internal/service/headers.go","&corev3.HeaderValue{Key: names.Limit,","&corev3.HeaderValue{Key: HeaderLimit,","./internal/service","TestHeaders"),
+    ("45 grants used past their window","internal/redisstore/lease.go","valid := now.Before(g.validTill)","valid := true","./internal/redisstore","TestLeaseRollover"),
+    ("46 rejected request keeps its reservations","internal/redisstore/lease.go","\t\t\tif r.g.gen == r.gen {\n\t\t\t\tr.g.avail += r.hits","\t\t\tif r.g.gen == r.gen {\n\t\t\t\t_ = r.hits","./internal/redisstore","TestLeaseMixedRejected"),
+    ("47 what a grant lacks decided without it","internal/redisstore/lease.go","rest[i].Hits = c.SaturatedHits() - r","rest[i].Hits = c.SaturatedHits()","./internal/redisstore","TestLeaseDifferential"),
+    ("48 held hits usable while given back","internal/redisstore/lease.go","\t\t\tg.avail, g.inFlight = 0, true\n\t\t\tg.gen++","\t\t\tg.inFlight = true","./internal/redisstore","TestLeaseGiveBack|TestLeaseBucketExpiry"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -259,3 +259,152 @@ func admittedAll(checks []limit.Check, res []limit.Result) bool {
 	}
 	return true
 }
+
+// TestLeaseThroughStalls: under load on a hot leased counter, Redis is
+// stopped (SIGSTOP) for 70 ms every 400 ms: the grants in hand decide
+// every request meanwhile, none is answered by failure policy, and what
+// is admitted stays within the limit. The control, the same traffic on a
+// counter without lease, does fail: the stalls are seen.
+func TestLeaseThroughStalls(t *testing.T) {
+	srv := redistest.Start(t)
+	m := metrics.New("test")
+	s, err := New(Options{URL: srv.URL(), LeaseInterval: 100 * time.Millisecond, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const limitN = 1_000_000
+	c := limit.Check{Key: "stall", Limit: limitN, WindowUS: 3600e6, Hits: 1, Lease: true}
+	stop := make(chan struct{})
+	control := c
+	control.Key, control.Lease = "stall:exact", false
+	var admitted, failed, total, controlFailed atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := s.Evaluate(context.Background(), []limit.Check{control}); err != nil {
+					controlFailed.Add(1)
+				}
+				r, err := s.Evaluate(context.Background(), []limit.Check{c})
+				total.Add(1)
+				switch {
+				case err != nil:
+					failed.Add(1)
+				case !r[0].Over:
+					admitted.Add(1)
+				}
+				time.Sleep(200 * time.Microsecond)
+			}
+		})
+	}
+	time.Sleep(500 * time.Millisecond) // grants in hand
+	warm := failed.Load()
+	for range 5 {
+		srv.Pause()
+		time.Sleep(70 * time.Millisecond)
+		srv.Resume()
+		time.Sleep(330 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d requests, %d admitted, %d failed (%d before the stalls), %d of the control failed; %d local, %d waited; %d granted",
+		total.Load(), admitted.Load(), failed.Load(), warm, controlFailed.Load(), locals(m),
+		uint64(testutil.ToFloat64(m.LeaseDecisions.WithLabelValues("waited"))), hits(m, "granted"))
+	if failed.Load() != 0 {
+		t.Errorf("%d requests answered by failure policy through the stalls; want none while grants last", failed.Load())
+	}
+	if controlFailed.Load() == 0 {
+		t.Error("no request without lease failed: the stalls were not seen")
+	}
+	if admitted.Load() > limitN || hits(m, "granted") > limitN {
+		t.Errorf("admitted %d, granted %d: over the limit", admitted.Load(), hits(m, "granted"))
+	}
+}
+
+// TestLeaseGiveBack: what a grant holds unused goes back to Redis when
+// its counter goes idle, and when the store closes; none of it is used
+// after it left.
+func TestLeaseGiveBack(t *testing.T) {
+	srv := redistest.Start(t)
+	var clock atomic.Int64
+	clock.Store(time.Now().Truncate(time.Hour).UnixMicro() + 1e6)
+	now := func() time.Time { return time.UnixMicro(clock.Load()) }
+	count := func(key string) string {
+		raw, _ := srv.Client().Get(context.Background(), key).Result()
+		return raw
+	}
+	for _, closing := range []bool{false, true} {
+		s, m := leaseStore(t, srv, 100*time.Millisecond, now)
+		manual(s)
+		c := limit.Check{Key: fmt.Sprintf("back:%t", closing), Limit: 1000, WindowUS: 3600e6, Hits: 1, Lease: true}
+		ask := func() {
+			if r, err := s.Evaluate(context.Background(), []limit.Check{c}); err != nil || r[0].Over {
+				t.Fatalf("%+v, %v", r, err)
+			}
+		}
+		ask() // exact: 1
+		s.leases.entries[c.Key].rate = 5000
+		s.leases.pass(false)
+		held := s.leases.entries[c.Key].avail
+		ask() // local: 2 used
+		if closing {
+			s.Close()
+		} else {
+			clock.Add(2e6) // idle, same window
+			s.leases.pass(false)
+			if g := s.leases.entries[c.Key]; g != nil && g.avail != 0 {
+				t.Errorf("idle: %d still held after the give-back", g.avail)
+			}
+		}
+		if back := hits(m, "given_back"); back != held-1 {
+			t.Errorf("closing=%t: %d given back, want the %d unused", closing, back, held-1)
+		}
+		if got, want := count(c.Key), fmt.Sprintf(":%d", 2); len(got) < 2 || got[len(got)-2:] != want {
+			t.Errorf("closing=%t: Redis holds %q, want the 2 hits used", closing, got)
+		}
+		if !closing {
+			ask() // exact again, or from a new grant: never from the hits given back
+			if got := count(c.Key); got[len(got)-2:] != ":3" {
+				t.Errorf("after the give-back Redis holds %q, want 3 used", got)
+			}
+		}
+	}
+}
+
+// TestLeaseBucketExpiry: a token bucket's held tokens are given back two
+// intervals after they were taken, and a later grant holds only its own.
+func TestLeaseBucketExpiry(t *testing.T) {
+	srv := redistest.Start(t)
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixMicro())
+	now := func() time.Time { return time.UnixMicro(clock.Load()) }
+	s, m := leaseStore(t, srv, 100*time.Millisecond, now)
+	manual(s)
+	c := limit.Check{Key: "bucket", Limit: 3600, WindowUS: 3600e6, Algorithm: limit.TokenBucket, Burst: 1000, Hits: 1, Lease: true}
+	if _, err := s.Evaluate(context.Background(), []limit.Check{c}); err != nil {
+		t.Fatal(err)
+	}
+	g := s.leases.entries[c.Key]
+	g.rate = 5000
+	s.leases.pass(false)
+	first := g.avail
+	clock.Add(250e3) // past two intervals; the key stays in use
+	if _, err := s.Evaluate(context.Background(), []limit.Check{c}); err != nil {
+		t.Fatal(err)
+	}
+	g.rate = 5000
+	s.leases.pass(false) // gives the expired tokens back
+	if g.avail != 0 || hits(m, "given_back") != first {
+		t.Fatalf("after expiry %d held, %d given back; want 0 and %d", g.avail, hits(m, "given_back"), first)
+	}
+	s.leases.pass(false) // a new grant
+	if granted := hits(m, "granted") - first; g.avail != granted || granted == 0 {
+		t.Errorf("%d held after a new grant of %d", g.avail, granted)
+	}
+}
