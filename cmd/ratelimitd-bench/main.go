@@ -54,6 +54,7 @@ type options struct {
 	over, asJSON                        bool
 	pid                                 int
 	metricsURL                          string
+	dkey                                string
 }
 
 // Report is what one run measured.
@@ -94,6 +95,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&o.conns, "conns", 4, "gRPC connections")
 	fs.IntVar(&o.keys, "keys", 10000, "distinct descriptor values")
 	fs.IntVar(&o.descriptors, "descriptors", 1, "descriptors per request (keys d0, d1, d2 of deploy/bench/rules.yaml)")
+	fs.StringVar(&o.dkey, "dkey", "", "descriptor key instead of d0 (with -descriptors 1): lease_hot, exact_hot")
 	fs.BoolVar(&o.over, "over", false, "every request on the always-over key (scenario C)")
 	fs.StringVar(&o.domain, "domain", "bench", "domain")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured duration")
@@ -102,8 +104,24 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&o.metricsURL, "metrics", "", "the service's /metrics URL: report pipelines (round trips) per decision and the mean batch")
 	fs.IntVar(&o.pid, "pid", 0, "the service's process id: report its CPU per decision")
 	fs.BoolVar(&o.asJSON, "json", false, "print the report as JSON")
+	var f fleetOptions
+	var fleet, pids string
+	fs.StringVar(&fleet, "fleet", "", "instances sharing one counter, host:port,...: offer -rate (open loop) on one key split over them, and report what the fleet admits per window")
+	fs.StringVar(&pids, "pids", "", "-fleet: the instances' process ids, for their CPU per decision")
+	fs.StringVar(&f.split, "split", "even", "-fleet: even, or skewed (the first instance takes half the traffic)")
+	fs.StringVar(&f.key, "key", "lease_s", "-fleet: the descriptor key of the counter")
+	fs.DurationVar(&f.window, "window", time.Second, "-fleet: the counter's window")
+	fs.Float64Var(&f.limit, "limit", 1000, "-fleet: the counter's limit per window")
+	fs.IntVar(&f.windows, "windows", 5, "-fleet: windows measured")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if fleet != "" {
+		var err error
+		if f.addrs, f.pids, err = parseFleet(fleet, pids); err != nil {
+			return err
+		}
+		return runFleet(ctx, &o, &f, out)
 	}
 	if o.noop != "" {
 		return serveNoop(ctx, o.noop)
@@ -256,8 +274,12 @@ func request(o *options, i uint64) *rlsv3.RateLimitRequest {
 		return req
 	}
 	for d := range o.descriptors {
+		key := "d" + strconv.Itoa(d)
+		if o.dkey != "" {
+			key = o.dkey
+		}
 		req.Descriptors = append(req.Descriptors, &rlcommon.RateLimitDescriptor{
-			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "d" + strconv.Itoa(d), Value: v}}})
+			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: v}}})
 	}
 	return req
 }

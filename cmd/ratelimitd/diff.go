@@ -109,6 +109,9 @@ func limitSummary(r *config.Rule) string {
 		if l.Burst > 0 {
 			s += fmt.Sprintf(" burst %d", l.Burst)
 		}
+		if l.Lease {
+			s += ", leased"
+		}
 	}
 	if r.ShadowMode {
 		s += ", shadow mode"
@@ -148,6 +151,7 @@ func changes(o, r *config.Rule) []string {
 		add("unit_multiplier", ol.UnitMultiplier, rl.UnitMultiplier)
 		add("algorithm", ol.Algorithm, rl.Algorithm)
 		add("burst", ol.Burst, rl.Burst)
+		add("lease", ol.Lease, rl.Lease)
 		add("name", ol.Name, rl.Name)
 		add("replaces", strings.Join(ol.Replaces, ","), strings.Join(rl.Replaces, ","))
 		if !ol.Unlimited && !rl.Unlimited && (ol.Window() != rl.Window() || ol.Algorithm != rl.Algorithm) {

@@ -37,6 +37,7 @@ type explainedRule struct {
 	Unlimited       bool     `json:"unlimited,omitempty"`
 	Algorithm       string   `json:"algorithm,omitempty"`
 	Burst           uint32   `json:"burst,omitempty"`
+	Lease           bool     `json:"lease,omitempty"`
 	Name            string   `json:"name,omitempty"`
 	Replaces        []string `json:"replaces,omitempty"`
 	ShadowMode      bool     `json:"shadow_mode,omitempty"`
@@ -127,6 +128,7 @@ func describe(desc string, e service.Explanation) explained {
 			if l.Burst > 0 {
 				xr.Burst = l.Burst
 			}
+			xr.Lease = l.Lease
 		}
 	}
 	x.Rule = xr

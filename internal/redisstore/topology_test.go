@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -393,5 +396,39 @@ func TestClusterNodePaused(t *testing.T) {
 	}
 	if frozenOK.Load() > 0 {
 		t.Errorf("%d calls for the frozen master were answered", frozenOK.Load())
+	}
+}
+
+// TestClusterLeases: leased counters on three masters, three in each
+// request: grants are taken per slot and used in process, and exactly
+// the limit is admitted.
+func TestClusterLeases(t *testing.T) {
+	m := metrics.New("test")
+	nodes, s := clusterStore(t, func(o *redisstore.Options) { o.LeaseInterval, o.Metrics = 20*time.Millisecond, m })
+	keys := clusterKeys(t, nodes, "leased", 3)
+	var checks []limit.Check
+	for _, k := range keys {
+		checks = append(checks, limit.Check{Key: k, Limit: 300, WindowUS: 3600e6, Hits: 1, Lease: true})
+	}
+	var admitted, failed atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 100 {
+				r, err := s.Evaluate(context.Background(), checks)
+				switch {
+				case err != nil:
+					failed.Add(1)
+				case !r[0].Over && !r[1].Over && !r[2].Over:
+					admitted.Add(1)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	local := testutil.ToFloat64(m.LeaseDecisions.WithLabelValues("local"))
+	if admitted.Load() != 300 || failed.Load() != 0 || local < 50 {
+		t.Errorf("admitted %d of 800 (%d failed, %.0f in process); want exactly 300, grants in use", admitted.Load(), failed.Load(), local)
 	}
 }
