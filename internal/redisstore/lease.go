@@ -34,6 +34,7 @@ const (
 type grant struct {
 	check limit.Check // the counter; Hits unused
 	avail uint64      // hits held, not yet used
+	used  uint64      // hits of the held grants used: what a refund may give back to them
 	// gen changes when the held hits are replaced (a new window): a
 	// reservation made on older hits is not returned to newer ones.
 	gen       uint64
@@ -110,15 +111,30 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 		}
 		valid := now.Before(g.validTill)
 		if c.Refund {
+			// Back to the grant, as much of it as this process used of
+			// its grants (a refund in Redis never goes below zero
+			// either); the rest to Redis. Refunds apply whatever the
+			// request's decision, as in decide.lua.
+			var k uint64
 			if valid {
-				// Back to the grant: the same hits this process may use,
-				// as a refund in Redis would give them.
-				g.avail += c.SaturatedHits()
+				k = min(g.used, c.SaturatedHits())
+				g.used -= k
+				g.avail += k
+			}
+			if k == c.SaturatedHits() {
 				local[i] = true
 				results[i] = l.answer(g, now)
-			} else {
-				exact = append(exact, i)
+				continue
 			}
+			// The rest goes to Redis with what is held here: a refund
+			// that empties the counter there must not free the hits of
+			// this grant too, which would then be used twice.
+			rest[i].Hits = c.SaturatedHits() - k + g.avail
+			rest[i].Lease = false
+			l.m.LeaseGivenBack(g.avail, 0)
+			g.avail, g.used = 0, 0
+			g.gen++
+			exact = append(exact, i)
 			continue
 		}
 		g.asked += c.SaturatedHits()
@@ -126,6 +142,7 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 		if valid {
 			r = min(g.avail, c.SaturatedHits())
 			g.avail -= r
+			g.used += r
 			if r > 0 {
 				res = append(res, reservation{g, g.gen, r})
 			}
@@ -173,6 +190,7 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 		for _, r := range res {
 			if r.g.gen == r.gen {
 				r.g.avail += r.hits
+				r.g.used -= r.hits
 			} else {
 				l.m.LeaseLost(r.hits) // their window ended meanwhile
 			}
@@ -272,7 +290,8 @@ func (l *leases) pass(all bool) {
 			// The window ended (as far as this clock can tell): its
 			// hits cannot be used in the next, nor given back.
 			l.m.LeaseLost(g.avail)
-			g.avail = 0
+			g.avail, g.used = 0, 0
+			g.gen++
 		}
 		switch {
 		case g.avail > 0 && (all || idle || (bucket && !now.Before(g.validTill))):
@@ -280,7 +299,7 @@ func (l *leases) pass(all bool) {
 			// are on their way back.
 			ops = append(ops, GrantOp{Check: withHits(g.check, g.avail), GiveBack: true, WindowEndUS: g.windowEnd})
 			gs = append(gs, g)
-			g.avail, g.inFlight = 0, true
+			g.avail, g.used, g.inFlight = 0, 0, true
 			g.gen++
 		case all:
 		case idle:
@@ -352,7 +371,7 @@ func (l *leases) pass(all bool) {
 				if g.avail > 0 {
 					l.m.LeaseLost(g.avail)
 				}
-				g.avail = 0
+				g.avail, g.used = 0, 0
 				g.gen++
 			}
 			g.windowEnd = r.WindowEndUS

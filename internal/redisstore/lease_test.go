@@ -408,3 +408,45 @@ func TestLeaseBucketExpiry(t *testing.T) {
 		t.Errorf("%d held after a new grant of %d", g.avail, granted)
 	}
 }
+
+// TestLeaseRefundBounded: a refund goes back to the grant only as far as
+// this process used its grants; the rest goes to Redis, whose counter
+// never goes below zero. A huge refund (is_negative_hits) therefore buys
+// no more than a refund without lease would: at most the limit after it.
+func TestLeaseRefundBounded(t *testing.T) {
+	srv := redistest.Start(t)
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixMicro())
+	now := func() time.Time { return time.UnixMicro(clock.Load()) }
+	s, _ := leaseStore(t, srv, 100*time.Millisecond, now)
+	manual(s)
+	c := limit.Check{Key: "refund", Limit: 100, WindowUS: 3600e6, Hits: 1, Lease: true}
+	ask := func(c limit.Check) bool {
+		r, err := s.Evaluate(context.Background(), []limit.Check{c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return !r[0].Over
+	}
+	for _, refund := range []uint64{1 << 32, 7} {
+		c.Key = fmt.Sprintf("refund:%d", refund)
+		ask(c) // 1 in Redis
+		s.leases.entries[c.Key].rate = 5000
+		s.leases.pass(false)
+		for range 5 {
+			ask(c) // 5 from the grant
+		}
+		back := c
+		back.Hits, back.Refund = refund, true
+		ask(back) // more than the 6 used: the counter is empty again
+		n := 0
+		for range 1000 {
+			if ask(c) {
+				n++
+			}
+		}
+		if n != 100 {
+			t.Errorf("%d admitted after a refund of %d hits (of 6 used), want the limit of 100", n, refund)
+		}
+	}
+}
