@@ -31,11 +31,12 @@ type fleetOptions struct {
 // runFleet offers o.rate requests a second, all on one counter, split
 // over the instances, from a window boundary for f.windows windows, and
 // reports per window what the fleet admitted against the limit, then
-// latency and the CPU and round trips per decision. With windows of 10 s
-// or more, a request is counted in the window its answer's
-// duration_until_reset names (whole seconds: exact for such windows);
-// with shorter ones, in the window holding the middle of its round trip,
-// and those whose round trip spans a boundary are reported apart.
+// latency and the CPU and round trips per decision. A request is counted
+// in the window its answer names: the instances' --decision-metadata
+// gives the µs to the reset (exact for any window); without it,
+// duration_until_reset, whole seconds, names windows of 10 s or more;
+// else the middle of the round trip decides, and round trips that span
+// a boundary are reported apart.
 func runFleet(ctx context.Context, o *options, f *fleetOptions, out io.Writer) error {
 	clients := make([][]rlsv3.RateLimitServiceClient, len(f.addrs))
 	for i, a := range f.addrs {
@@ -77,7 +78,7 @@ func runFleet(ctx context.Context, o *options, f *fleetOptions, out io.Writer) e
 		{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: f.key, Value: "hot"}}}}}
 	type tally struct{ offered, admitted, errors atomic.Int64 }
 	tallies := make([]tally, f.windows+2)
-	var straddle atomic.Int64
+	var straddle, exact atomic.Int64
 	var lat latencies
 	w := f.window
 	first := time.Now().Truncate(w).Add(w)
@@ -106,7 +107,12 @@ func runFleet(ctx context.Context, o *options, f *fleetOptions, out io.Writer) e
 					straddle.Add(1)
 				}
 				at := sent.Add(got.Sub(sent) / 2)
-				if d := resp.GetStatuses(); err == nil && w >= 10*time.Second && len(d) == 1 {
+				if us, ok := resetUS(resp); ok {
+					// The window ending nearest to when the answer says.
+					end := first.Add((got.Add(time.Duration(us)*time.Microsecond).Sub(first) + w/2).Truncate(w))
+					at = end.Add(-w / 2)
+					exact.Add(1)
+				} else if d := resp.GetStatuses(); err == nil && w >= 10*time.Second && len(d) == 1 {
 					// The window ends at the first multiple of w from
 					// lo: the reset is rounded up to whole seconds.
 					lo := sent.Add(d[0].GetDurationUntilReset().AsDuration() - time.Second)
@@ -170,13 +176,24 @@ func runFleet(ctx context.Context, o *options, f *fleetOptions, out io.Writer) e
 		fmt.Fprintf(out, "  window %d: offered %d, admitted %.0f = %.3f x limit, errors %d\n", i+1, t.offered.Load(), a, a/f.limit, t.errors.Load())
 	}
 	p50, p99, _, _ := lat.quantiles()
-	fmt.Fprintf(out, "  highest admitted/limit %.3f; round trips spanning a window boundary: %d\n", worst, straddle.Load())
+	fmt.Fprintf(out, "  highest admitted/limit %.3f; answers placed by their reset_us: %d; round trips spanning a window boundary: %d\n", worst, exact.Load(), straddle.Load())
 	if n > 0 {
 		fmt.Fprintf(out, "  per decision: %.4f Redis round trips, %.2f µs Redis CPU, %.2f µs service CPU (all instances); p50 %.0f µs, p99 %.0f µs\n",
 			float64(after.evalsha-before.evalsha)/float64(n), (after.redisCPU-before.redisCPU)*1e6/float64(n),
 			(after.serviceCPU-before.serviceCPU)*1e6/float64(n), p50, p99)
 	}
 	return nil
+}
+
+// resetUS is the µs to the reset of the answer's first descriptor, as
+// --decision-metadata gives it.
+func resetUS(resp *rlsv3.RateLimitResponse) (float64, bool) {
+	ds := resp.GetDynamicMetadata().GetFields()["decisions"].GetListValue().GetValues()
+	if len(ds) == 0 {
+		return 0, false
+	}
+	v, ok := ds[0].GetStructValue().GetFields()["reset_us"]
+	return v.GetNumberValue(), ok
 }
 
 // sampleFleet is sample over every instance's process.

@@ -147,6 +147,16 @@ func TestHealthcheckAndDebug(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := resp.GetDynamicMetadata().AsMap()["decisions"]
+	ds, _ := got.([]any)
+	if len(ds) != 2 {
+		t.Fatalf("dynamic_metadata decisions = %v", got)
+	}
+	first, _ := ds[0].(map[string]any)
+	// The rule is 1 per hour: the reset is within the hour, in µs.
+	if us, _ := first["reset_us"].(float64); us <= 0 || us > 3600e6 {
+		t.Errorf("reset_us %v, want the µs to the end of the hour", first["reset_us"])
+	}
+	delete(first, "reset_us")
 	want := `[map[reason:near_limit rule:ops.k] map[reason:no_rule rule:]]`
 	if s := fmt.Sprint(got); s != want {
 		t.Errorf("dynamic_metadata decisions = %s, want %s", s, want)

@@ -257,6 +257,13 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 			reasons[i] = map[string]any{"rule": items[i].label, "reason": reason}
 		}
 	}
+	// resetUS adds the exact time to the reset, in µs, to a decided
+	// descriptor's explanation: duration_until_reset is whole seconds.
+	resetUS := func(i int, us int64) {
+		if reasons != nil {
+			reasons[i].(map[string]any)["reset_us"] = float64(max(us, 0))
+		}
+	}
 	for i := range items {
 		it := &items[i]
 		st := &sts[i]
@@ -316,6 +323,12 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 		}
 		s.m.Decision(domain, it.label, outcome)
 		explain(i, outcome)
+		switch {
+		case cs.cached:
+			resetUS(i, cs.until.Sub(now).Microseconds())
+		case !cs.failed:
+			resetUS(i, cs.res.ResetUS)
+		}
 		if !over {
 			continue
 		}
