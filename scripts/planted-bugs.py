@@ -68,7 +68,8 @@ muts = [
     ("47 what a grant lacks decided without it","internal/redisstore/lease.go","rest[i].Hits = c.SaturatedHits() - r","rest[i].Hits = c.SaturatedHits()","./internal/redisstore","TestLeaseDifferential"),
     ("48 held hits usable while given back","internal/redisstore/lease.go","\t\t\tg.avail, g.inFlight = 0, true\n\t\t\tg.gen++","\t\t\tg.inFlight = true","./internal/redisstore","TestLeaseGiveBack|TestLeaseBucketExpiry"),
     ("49 refunds fill the grant without bound","internal/redisstore/lease.go","k = min(g.used, c.SaturatedHits())","k = c.SaturatedHits()","./internal/redisstore","TestLeaseRefundBounded"),
-    ("50 a refund to Redis frees the held hits too","internal/redisstore/lease.go","rest[i].Hits = c.SaturatedHits() - k + g.avail","rest[i].Hits = c.SaturatedHits() - k","./internal/redisstore","TestLeaseRefundBounded"),
+    ("50 a refund to Redis frees the held hits too","internal/redisstore/lease.go","\t\t\t\trest[i].Hits += g.avail\n","\t\t\t\t_ = 0\n","./internal/redisstore","TestLeaseRefundBounded"),
+    ("51 expired hits given back into the next window","internal/redisstore/lease.go","\t\t\tif valid {\n\t\t\t\t// The rest goes to Redis","\t\t\tif true {\n\t\t\t\t// The rest goes to Redis","./internal/redisstore","TestLeaseDifferential"),
 ]
 only = sys.argv[1:]
 missed = 0

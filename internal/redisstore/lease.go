@@ -126,14 +126,19 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 				results[i] = l.answer(g, now)
 				continue
 			}
-			// The rest goes to Redis with what is held here: a refund
-			// that empties the counter there must not free the hits of
-			// this grant too, which would then be used twice.
-			rest[i].Hits = c.SaturatedHits() - k + g.avail
+			rest[i].Hits = c.SaturatedHits() - k
 			rest[i].Lease = false
-			l.m.LeaseGivenBack(g.avail, 0)
-			g.avail, g.used = 0, 0
-			g.gen++
+			if valid {
+				// The rest goes to Redis with what is held here: a
+				// refund that empties the counter there must not free
+				// the hits of this grant too, which would then be used
+				// twice. (Hits held past their window are not the
+				// current window's to give back.)
+				rest[i].Hits += g.avail
+				l.m.LeaseGivenBack(g.avail, 0)
+				g.avail, g.used = 0, 0
+				g.gen++
+			}
 			exact = append(exact, i)
 			continue
 		}
