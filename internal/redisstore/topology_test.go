@@ -403,6 +403,7 @@ func TestClusterNodePaused(t *testing.T) {
 // request: grants are taken per slot and used in process, and exactly
 // the limit is admitted.
 func TestClusterLeases(t *testing.T) {
+	redistest.AwayFromHourEnd(10 * time.Second) // the counters are per hour
 	m := metrics.New("test")
 	nodes, s := clusterStore(t, func(o *redisstore.Options) { o.LeaseInterval, o.Metrics = 20*time.Millisecond, m })
 	keys := clusterKeys(t, nodes, "leased", 3)

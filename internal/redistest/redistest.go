@@ -198,3 +198,12 @@ func tail(s string) string {
 	}
 	return s
 }
+
+// AwayFromHourEnd waits, when the hour ends within d, until it has: a
+// test counting admissions on counters of one hour on the real clock
+// must not see two windows.
+func AwayFromHourEnd(d time.Duration) {
+	if rest := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); rest < d {
+		time.Sleep(rest + 10*time.Millisecond)
+	}
+}
