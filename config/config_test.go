@@ -37,6 +37,7 @@ func TestBadConfigs(t *testing.T) {
 		{"descriptors_map.bad.yaml", []string{":3: descriptors: want a list of descriptors, got a mapping"}},
 		{"share_threshold_no_wildcard.bad.yaml", []string{":5: descriptors[0].share_threshold: share_threshold needs a wildcard value"}},
 		{"multi_doc.bad.yaml", []string{":4: a second YAML document"}},
+		{"unlimited_lease.bad.yaml", []string{":6: descriptors[0].rate_limit.lease: an unlimited rule has nothing to lease"}},
 		{"bad_bool.bad.yaml", []string{`:4: descriptors[0].shadow_mode: want true or false, got str "yes please"`}},
 		{"empty.bad.yaml", []string{"empty.bad.yaml: empty file"}},
 		{"bad_algorithm.bad.yaml", []string{`:7: descriptors[0].rate_limit.algorithm: unknown algorithm "leaky" (want fixed_window, sliding_window or token_bucket)`}},
@@ -283,6 +284,12 @@ func TestAlgorithms(t *testing.T) {
 	}
 	if b := d.Match(entries("bucket", "x")).Limit; b.Algorithm != AlgorithmTokenBucket || b.Burst != 20 {
 		t.Errorf("bucket = %+v", b)
+	}
+	if l := d.Match(entries("leased", "x")).Limit; !l.Lease || d.Match(entries("bucket", "x")).Limit.Lease {
+		t.Errorf("leased = %+v", l)
+	}
+	if !strings.Contains(snap.Dump(), "algos.leased: unit=second requests_per_unit=1000 lease=true") {
+		t.Errorf("Dump:\n%s", snap.Dump())
 	}
 	if !strings.Contains(snap.Dump(), "algos.bucket: unit=second requests_per_unit=10 algorithm=token_bucket burst=20") {
 		t.Errorf("Dump:\n%s", snap.Dump())

@@ -8,8 +8,11 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/memstore"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -118,4 +121,42 @@ func TestAlgorithmChangeStartsAfresh(t *testing.T) {
 			t.Errorf("back to the fixed window: %v, want the old counter", codes(r))
 		}
 	})
+}
+
+// TestLeasedRule: a rule with lease: true reaches the store as leased
+// checks. The embedded store decides it exactly; redisstore from grants,
+// in process for most requests; both admit exactly the limit.
+func TestLeasedRule(t *testing.T) {
+	redistest.AwayFromHourEnd(10 * time.Second)
+	rules := parseRules(t, "domain: web\ndescriptors:\n  - key: hot\n    rate_limit: {unit: hour, requests_per_unit: 50, lease: true}\n")
+	srv := redistest.Start(t)
+	m := metrics.New("test")
+	rs, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: 2 * time.Second, LeaseInterval: 10 * time.Millisecond, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	for name, st := range map[string]service.Store{"memstore": memstore.New(memstore.Options{}), "redisstore": rs} {
+		s := service.New(rules, st, nil, service.Options{})
+		var ok atomic.Int64
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				for range 40 {
+					r, err := s.ShouldRateLimit(context.Background(), request(desc("hot", "x")))
+					if err == nil && r.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+						ok.Add(1)
+					}
+					time.Sleep(2 * time.Millisecond)
+				}
+			})
+		}
+		wg.Wait()
+		if ok.Load() != 50 {
+			t.Errorf("%s: %d of 160 admitted, want exactly 50", name, ok.Load())
+		}
+	}
+	if local := testutil.ToFloat64(m.LeaseDecisions.WithLabelValues("local")); local < 10 {
+		t.Errorf("%v requests decided in process by redisstore; want grants in use", local)
+	}
 }
