@@ -66,7 +66,7 @@ muts = [
     ("45 grants used past their window","internal/redisstore/lease.go","valid := now.Before(g.validTill)","valid := true","./internal/redisstore","TestLeaseRollover"),
     ("46 rejected request keeps its reservations","internal/redisstore/lease.go","\t\t\tif r.g.gen == r.gen {\n\t\t\t\tr.g.avail += r.hits","\t\t\tif r.g.gen == r.gen {\n\t\t\t\t_ = r.hits","./internal/redisstore","TestLeaseMixedRejected"),
     ("47 what a grant lacks decided without it","internal/redisstore/lease.go","rest[i].Hits = c.SaturatedHits() - r","rest[i].Hits = c.SaturatedHits()","./internal/redisstore","TestLeaseDifferential"),
-    ("48 held hits usable while given back","internal/redisstore/lease.go","\t\t\tg.avail, g.inFlight = 0, true\n\t\t\tg.gen++","\t\t\tg.inFlight = true","./internal/redisstore","TestLeaseGiveBack|TestLeaseBucketExpiry"),
+    ("48 held hits usable while given back","internal/redisstore/lease.go","\t\t\tg.avail, g.used, g.inFlight = 0, 0, true\n\t\t\tg.gen++","\t\t\tg.inFlight = true","./internal/redisstore","TestLeaseGiveBack|TestLeaseBucketExpiry"),
     ("49 refunds fill the grant without bound","internal/redisstore/lease.go","k = min(g.used, c.SaturatedHits())","k = c.SaturatedHits()","./internal/redisstore","TestLeaseRefundBounded"),
     ("50 a refund to Redis frees the held hits too","internal/redisstore/lease.go","\t\t\t\trest[i].Hits += g.avail\n","\t\t\t\t_ = 0\n","./internal/redisstore","TestLeaseRefundBounded"),
     ("51 expired hits given back into the next window","internal/redisstore/lease.go","\t\t\tif valid {\n\t\t\t\t// The rest goes to Redis","\t\t\tif true {\n\t\t\t\t// The rest goes to Redis","./internal/redisstore","TestLeaseDifferential"),
