@@ -126,7 +126,7 @@ func New(version string) *Metrics {
 		}, []string{"hash"}),
 		LeaseDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_lease_requests_total",
-			Help: "Requests touching a leased counter (lease: true): local (decided in process from grants alone) or waited (a grant fell short and Redis decided the rest).",
+			Help: "Requests touching a leased counter (lease: true): local (decided in process from grants alone), waited (a grant fell short and Redis decided the rest) or cold (no grant yet: the counter's rate is too low to earn one; decided in Redis as without lease).",
 		}, []string{"how"}),
 		LeaseGrants: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimitd_lease_grants_total",
@@ -297,6 +297,14 @@ func (m *Metrics) XDSStream(open bool) {
 func (m *Metrics) LeaseLocal() {
 	if m != nil {
 		m.LeaseDecisions.WithLabelValues("local").Inc()
+	}
+}
+
+// LeaseCold counts a request on a leased counter that holds no grant
+// yet, its rate too low to earn one: Redis decided it, as without lease.
+func (m *Metrics) LeaseCold() {
+	if m != nil {
+		m.LeaseDecisions.WithLabelValues("cold").Inc()
 	}
 }
 

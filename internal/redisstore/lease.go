@@ -49,6 +49,7 @@ type grant struct {
 	rate     float64
 	lastUse  time.Time
 	inFlight bool // a take or give-back is on its way
+	granted  bool // a grant was ever taken: the counter is not cold
 }
 
 // leases is a store's lease accounting and its refiller.
@@ -94,7 +95,7 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 	var exact []int // checks (or their remainders) Redis decides
 	rest := make([]limit.Check, len(checks))
 	copy(rest, checks)
-	short := false
+	short, cold := false, false
 
 	l.mu.Lock()
 	for i := range checks {
@@ -159,15 +160,27 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 		// The grant falls short: Redis decides the rest, which holds
 		// exactly the decision without a lease (the counter in Redis
 		// includes the hits reserved here).
-		short = true
+		switch {
+		case g.granted:
+			short = true
+		case l.earns(g, now):
+			short = true // warming up: the refiller's next pass grants
+		default:
+			cold = true // decided in Redis until its rate earns a grant
+		}
 		rest[i].Hits = c.SaturatedHits() - r
 		rest[i].Lease = false
 		exact = append(exact, i)
 	}
 	l.mu.Unlock()
-	if short {
+	switch {
+	case short:
 		l.m.LeaseWaited()
 		l.kick()
+	case cold:
+		// The refiller's next tick measures the rate: waking it for each
+		// request of a cold counter would only walk the map again.
+		l.m.LeaseCold()
 	}
 	if len(exact) == 0 {
 		l.m.LeaseLocal()
@@ -380,12 +393,21 @@ func (l *leases) pass(all bool) {
 			g.validTill = start.Add(reset - l.margin)
 		}
 		g.avail += r.Hits
+		g.granted = g.granted || r.Hits > 0
 		g.remaining = r.Remaining
 		g.resetAt = start.Add(reset)
 		if r.Hits == 0 {
 			g.dryUntil = g.resetAt
 		}
 	}
+}
+
+// earns reports whether what was asked of g since its rate was last
+// measured, over long enough, would earn a grant of two hits. Called
+// with mu held.
+func (l *leases) earns(g *grant, now time.Time) bool {
+	el := now.Sub(g.rateFrom)
+	return el >= l.interval/4 && float64(g.asked)*float64(l.interval) >= 2*float64(el)
 }
 
 // measure updates g's rate from what was asked of it since the last pass.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -484,5 +485,32 @@ func TestLeaseRefundBounded(t *testing.T) {
 		if n != 100 {
 			t.Errorf("%d admitted after a refund of %d hits (of 6 used), want the limit of 100", n, refund)
 		}
+	}
+}
+
+// TestLeaseColdCounter: a leased counter too cold to earn a grant of two
+// hits is decided in Redis request by request, as without lease, and
+// takes no grant.
+func TestLeaseColdCounter(t *testing.T) {
+	srv := redistest.Start(t)
+	var clock atomic.Int64
+	clock.Store(time.Now().Truncate(time.Hour).UnixMicro())
+	now := func() time.Time { return time.UnixMicro(clock.Load()) }
+	s, m := leaseStore(t, srv, 100*time.Millisecond, now)
+	manual(s)
+	c := limit.Check{Key: "cold", Limit: 1000, WindowUS: 3600e6, Hits: 1, Lease: true}
+	for range 10 {
+		if r, err := s.Evaluate(context.Background(), []limit.Check{c}); err != nil || r[0].Over {
+			t.Fatalf("%+v, %v", r, err)
+		}
+		clock.Add(1e6) // one a second: 0.1 hits an interval
+		s.leases.pass(false)
+	}
+	cold := testutil.ToFloat64(m.LeaseDecisions.WithLabelValues("cold"))
+	if cold != 10 || hits(m, "granted") != 0 || locals(m) != 0 {
+		t.Errorf("cold %v of 10, %d granted, %d local; want every request decided in Redis, no grant", cold, hits(m, "granted"), locals(m))
+	}
+	if got, _ := srv.Client().Get(context.Background(), c.Key).Result(); !strings.HasSuffix(got, ":10") {
+		t.Errorf("Redis holds %q, want the 10 hits", got)
 	}
 }
