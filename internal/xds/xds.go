@@ -28,6 +28,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -113,7 +114,13 @@ func Run(ctx context.Context, o Options) error {
 	}
 	conn, err := grpc.NewClient(o.Server, grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(o.MaxMessage)),
-		grpc.WithUserAgent("ratelimitd-xds"))
+		grpc.WithUserAgent("ratelimitd-xds"),
+		// The connection's own reconnects follow the same backoff as
+		// the stream's (gRPC's default starts at 1 s).
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: o.BackoffInitial, Multiplier: 2, Jitter: 0.2, MaxDelay: o.BackoffMax},
+			MinConnectTimeout: 5 * time.Second,
+		}))
 	if err != nil {
 		return fmt.Errorf("xds: --xds-server %q: %w", o.Server, err)
 	}
