@@ -96,8 +96,9 @@ func (p *parser) stop(msg string) {
 	p.errs = append(p.errs, &Error{File: p.file, Msg: msg})
 }
 
-// truncate bounds s to max bytes, marking the cut.
-func truncate(s string, max int) string {
+// Truncate bounds s to max bytes, cut at a rune boundary and marked with
+// the length it had.
+func Truncate(s string, max int) string {
 	if len(s) <= max {
 		return s
 	}
@@ -134,7 +135,7 @@ func (p *parser) metadata(n *yaml.Node, path string) map[string]any {
 					return nil, fmt.Errorf("line %d: a key is %s, want a scalar", k.Line, kindName(k))
 				}
 				if _, dup := m[k.Value]; dup {
-					return nil, fmt.Errorf("line %d: duplicate key %q", k.Line, truncate(k.Value, 64))
+					return nil, fmt.Errorf("line %d: duplicate key %q", k.Line, Truncate(k.Value, 64))
 				}
 				v, err := conv(n.Content[i+1], depth+1)
 				if err != nil {

@@ -63,7 +63,6 @@ func LoadWith(ctx context.Context, opts Options, paths ...string) (*Snapshot, er
 	if err != nil || len(errs) > 0 {
 		return nil, errors.Join(append(errs, err)...)
 	}
-	snap.Files = files
 	return snap, nil
 }
 

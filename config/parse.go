@@ -67,8 +67,8 @@ func (p *parser) errorf(n *yaml.Node, path, format string, args ...any) {
 		p.dropped++
 		return
 	}
-	p.errs = append(p.errs, &Error{File: p.file, Line: p.line(n), Path: truncate(path, maxErrorText),
-		Msg: truncate(fmt.Sprintf(format, args...), maxErrorText)})
+	p.errs = append(p.errs, &Error{File: p.file, Line: p.line(n), Path: Truncate(path, maxErrorText),
+		Msg: Truncate(fmt.Sprintf(format, args...), maxErrorText)})
 }
 
 // line is n's line for errors and rules: 0 when unknown or meaningless.
@@ -140,11 +140,11 @@ func (p *parser) fields(n *yaml.Node, path string, known ...string) map[string]*
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], deref(n.Content[i+1])
 		if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
-			p.errorf(k, path, "key %q is not a string", truncate(k.Value, 64))
+			p.errorf(k, path, "key %q is not a string", Truncate(k.Value, 64))
 			continue
 		}
 		if _, dup := out[k.Value]; dup {
-			p.errorf(k, path, "duplicate field %q", truncate(k.Value, 64))
+			p.errorf(k, path, "duplicate field %q", Truncate(k.Value, 64))
 			continue
 		}
 		ok := false
@@ -155,7 +155,7 @@ func (p *parser) fields(n *yaml.Node, path string, known ...string) map[string]*
 			}
 		}
 		if !ok {
-			p.errorf(k, path, "unknown field %q (known: %s)", truncate(k.Value, 64), strings.Join(known, ", "))
+			p.errorf(k, path, "unknown field %q (known: %s)", Truncate(k.Value, 64), strings.Join(known, ", "))
 			continue
 		}
 		out[k.Value] = v
@@ -395,7 +395,7 @@ func (p *parser) str(n *yaml.Node, path string) (string, bool) {
 	case "!!null":
 		return "", true
 	}
-	p.errorf(n, path, "want a string, got %s %q (quote it)", kindName(n), truncate(n.Value, 64))
+	p.errorf(n, path, "want a string, got %s %q (quote it)", kindName(n), Truncate(n.Value, 64))
 	return "", false
 }
 
@@ -404,7 +404,7 @@ func (p *parser) boolean(n *yaml.Node, path string) bool {
 		return false
 	}
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {
-		p.errorf(n, path, "want true or false, got %s %q", kindName(n), truncate(n.Value, 64))
+		p.errorf(n, path, "want true or false, got %s %q", kindName(n), Truncate(n.Value, 64))
 		return false
 	}
 	b, _ := strconv.ParseBool(strings.ToLower(n.Value))
@@ -413,12 +413,12 @@ func (p *parser) boolean(n *yaml.Node, path string) bool {
 
 func (p *parser) uint32(n *yaml.Node, path string) uint32 {
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
-		p.errorf(n, path, "want a whole number, got %s %q", kindName(n), truncate(n.Value, 64))
+		p.errorf(n, path, "want a whole number, got %s %q", kindName(n), Truncate(n.Value, 64))
 		return 0
 	}
 	v, err := strconv.ParseInt(n.Value, 0, 64)
 	if err != nil || v < 0 || v > math.MaxUint32 {
-		p.errorf(n, path, "%s is out of range (0 to %d)", truncate(n.Value, 64), uint32(math.MaxUint32))
+		p.errorf(n, path, "%s is out of range (0 to %d)", Truncate(n.Value, 64), uint32(math.MaxUint32))
 		return 0
 	}
 	return uint32(v)

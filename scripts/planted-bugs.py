@@ -65,11 +65,18 @@ muts = [
     ("44 header names ignored","internal/service/headers.go","&corev3.HeaderValue{Key: names.Limit,","&corev3.HeaderValue{Key: HeaderLimit,","./internal/service","TestHeaders"),
     ("45 grants used past their window","internal/redisstore/lease.go","valid := now.Before(g.validTill)","valid := true","./internal/redisstore","TestLeaseRollover"),
     ("46 rejected request keeps its reservations","internal/redisstore/lease.go","\t\t\tif r.g.gen == r.gen {\n\t\t\t\tr.g.avail += r.hits","\t\t\tif r.g.gen == r.gen {\n\t\t\t\t_ = r.hits","./internal/redisstore","TestLeaseMixedRejected"),
-    ("47 what a grant lacks decided without it","internal/redisstore/lease.go","rest[i].Hits = c.SaturatedHits() - r","rest[i].Hits = c.SaturatedHits()","./internal/redisstore","TestLeaseDifferential"),
+    ("47 what a grant lacks decided without it","internal/redisstore/lease.go","toRedis(i, g, hits-r)","toRedis(i, g, hits)","./internal/redisstore","TestLeaseDifferential"),
     ("48 held hits usable while given back","internal/redisstore/lease.go","\t\t\tg.avail, g.used, g.inFlight = 0, 0, true\n\t\t\tg.gen++","\t\t\tg.inFlight = true","./internal/redisstore","TestLeaseGiveBack|TestLeaseBucketExpiry"),
-    ("49 refunds fill the grant without bound","internal/redisstore/lease.go","k = min(g.used, c.SaturatedHits())","k = c.SaturatedHits()","./internal/redisstore","TestLeaseRefundBounded"),
-    ("50 a refund to Redis frees the held hits too","internal/redisstore/lease.go","\t\t\t\trest[i].Hits += g.avail\n","\t\t\t\t_ = 0\n","./internal/redisstore","TestLeaseRefundBounded"),
+    ("49 refunds fill the grant without bound","internal/redisstore/lease.go","k = min(g.used, hits)","k = hits","./internal/redisstore","TestLeaseRefundBounded"),
+    ("50 a refund to Redis frees the held hits too","internal/redisstore/lease.go","\t\t\t\trest += g.avail\n","\t\t\t\t_ = 0\n","./internal/redisstore","TestLeaseRefundBounded"),
     ("51 expired hits given back into the next window","internal/redisstore/lease.go","\t\t\tif valid {\n\t\t\t\t// The rest goes to Redis","\t\t\tif true {\n\t\t\t\t// The rest goes to Redis","./internal/redisstore","TestLeaseDifferential"),
+    ("52 local decisions wait on Redis too","internal/redisstore/lease.go","\tif len(sub) == 0 {\n\t\tl.m.LeaseRequest(\"local\")","\tif false {\n\t\tl.m.LeaseRequest(\"local\")","./internal/redisstore","TestLeaseThroughStalls"),
+    ("53 reservations not taken from the grant","internal/redisstore/lease.go","\t\t\tg.avail -= r\n","\t\t\t_ = 0\n","./internal/redisstore","TestLeaseFleetNeverExceeds"),
+    ("54 Cluster grants in one cross-slot call","internal/redisstore/grant.go","if s.cluster != nil && len(ops) > 1 {","if false {","./internal/redisstore","TestClusterLeases"),
+    ("55 cold counters take single-hit grants","internal/redisstore/lease.go","if want < 2 || g.avail >= want ||","if want < 1 || g.avail >= want ||","./internal/redisstore","TestLeaseColdCounter"),
+    ("56 the service drops lease: true","internal/service/decide.go","Algorithm: it.algo, Burst: it.burst, Lease: it.lease})","Algorithm: it.algo, Burst: it.burst, Lease: false && it.lease})","./internal/service","TestLeasedRule"),
+    ("57 lease: true not parsed","config/parse.go","\t\tl.Lease = p.boolean(v, path+\".lease\")","\t\t_ = p.boolean(v, path+\".lease\")","./config","TestAlgorithms"),
+    ("58 a short grant refused instead of asked of Redis","internal/redisstore/lease.go","\t\ttoRedis(i, g, hits-r)\n","\t\tresults[i] = limit.Result{Over: true}\n\t\tcontinue\n","./cmd/ratelimitd","TestLeaseHolderKilled"),
 ]
 only = sys.argv[1:]
 missed = 0

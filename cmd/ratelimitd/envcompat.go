@@ -102,19 +102,28 @@ var envoyproxyXDS = []envSetting{
 // ratelimitd cannot honour.
 func envoyproxyEnv(getenv func(string) string) (flags [][2]string, password string, ignored []string, err error) {
 	set := func(flag, v string) { flags = append(flags, [2]string{flag, v}) }
-	for _, e := range envoyproxySettings {
-		v := getenv(e.name)
-		switch {
-		case v == "":
-		case e.flag != "":
-			set(e.flag, v)
-		case e.refuse != "" && !slices.ContainsFunc(e.ok, func(ok string) bool { return strings.EqualFold(ok, v) }):
-			return nil, "", nil, fmt.Errorf("--env-compat=envoyproxy: %s=%q: %s", e.name, v, e.refuse)
-		case e.ignore != "":
-			ignored = append(ignored, e.name+": "+e.ignore)
+	// read takes a table's variables: the flags they set, those
+	// ignored, or an error for a value that cannot be honoured.
+	read := func(table []envSetting) error {
+		for _, e := range table {
+			v := getenv(e.name)
+			switch {
+			case v == "":
+			case e.flag != "":
+				set(e.flag, v)
+			case e.refuse != "" && !slices.ContainsFunc(e.ok, func(ok string) bool { return strings.EqualFold(ok, v) }):
+				return fmt.Errorf("--env-compat=envoyproxy: %s=%q: %s", e.name, v, e.refuse)
+			case e.ignore != "":
+				ignored = append(ignored, e.name+": "+e.ignore)
+			}
 		}
+		return nil
 	}
-	if getenv("FORCE_START_WITHOUT_INITIAL_CONFIG") != "" && !strings.EqualFold(getenv("CONFIG_TYPE"), "GRPC_XDS_SOTW") {
+	if err := read(envoyproxySettings); err != nil {
+		return nil, "", nil, err
+	}
+	xdsRules := strings.EqualFold(getenv("CONFIG_TYPE"), "GRPC_XDS_SOTW")
+	if getenv("FORCE_START_WITHOUT_INITIAL_CONFIG") != "" && !xdsRules {
 		ignored = append(ignored, "FORCE_START_WITHOUT_INITIAL_CONFIG: rules files are loaded before serving")
 	}
 	if v := getenv("LOG_LEVEL"); v != "" {
@@ -138,20 +147,14 @@ func envoyproxyEnv(getenv func(string) string) (flags [][2]string, password stri
 		set(l.flag, net.JoinHostPort(h, p))
 	}
 	// The rules: over xDS, or in ROOT/SUBDIRECTORY/APPDIRECTORY.
-	if strings.EqualFold(getenv("CONFIG_TYPE"), "GRPC_XDS_SOTW") {
+	if xdsRules {
 		server := getenv("CONFIG_GRPC_XDS_SERVER_URL")
 		if server == "" {
 			server = "localhost:18000" // the incumbent's default
 		}
 		set("xds-server", server)
-		for _, e := range envoyproxyXDS {
-			switch v := getenv(e.name); {
-			case v == "":
-			case e.flag != "":
-				set(e.flag, v)
-			default:
-				ignored = append(ignored, e.name+": "+e.ignore)
-			}
+		if err := read(envoyproxyXDS); err != nil {
+			return nil, "", nil, err
 		}
 		for _, v := range []string{"RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY"} {
 			if getenv(v) != "" {

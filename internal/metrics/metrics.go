@@ -293,26 +293,12 @@ func (m *Metrics) XDSStream(open bool) {
 	m.XDSConnected.Set(v)
 }
 
-// LeaseLocal counts a request decided in process from grants alone.
-func (m *Metrics) LeaseLocal() {
+// LeaseRequest counts a request touching a leased counter by how it was
+// decided: local (from grants alone), waited (a grant fell short, Redis
+// decided the rest) or cold (no grant yet; decided in Redis).
+func (m *Metrics) LeaseRequest(how string) {
 	if m != nil {
-		m.LeaseDecisions.WithLabelValues("local").Inc()
-	}
-}
-
-// LeaseCold counts a request on a leased counter that holds no grant
-// yet, its rate too low to earn one: Redis decided it, as without lease.
-func (m *Metrics) LeaseCold() {
-	if m != nil {
-		m.LeaseDecisions.WithLabelValues("cold").Inc()
-	}
-}
-
-// LeaseWaited counts a request whose grant fell short: Redis decided
-// what the grant lacked.
-func (m *Metrics) LeaseWaited() {
-	if m != nil {
-		m.LeaseDecisions.WithLabelValues("waited").Inc()
+		m.LeaseDecisions.WithLabelValues(how).Inc()
 	}
 }
 

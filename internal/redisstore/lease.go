@@ -90,26 +90,33 @@ type reservation struct {
 func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	now := l.now()
 	results := make([]limit.Result, len(checks))
-	local := make([]bool, len(checks)) // decided here, whole
 	var res []reservation
-	var exact []int // checks (or their remainders) Redis decides
-	rest := make([]limit.Check, len(checks))
-	copy(rest, checks)
+	// What Redis decides: the checks without lease, and what the grants
+	// lack of the others; idx says whose each is, grants whose grant.
+	var sub []limit.Check
+	var idx []int
+	var grants []*grant
+	toRedis := func(i int, g *grant, hits uint64) {
+		c := checks[i]
+		c.Hits, c.Lease = hits, false
+		sub, idx, grants = append(sub, c), append(idx, i), append(grants, g)
+	}
 	short, cold := false, false
 
 	l.mu.Lock()
 	for i := range checks {
 		c := &checks[i]
 		if !c.Lease || c.NoVeto || c.Hits == 0 {
-			exact = append(exact, i)
+			toRedis(i, nil, c.Hits)
 			continue
 		}
 		g := l.entry(c, now)
 		if g == nil {
-			exact = append(exact, i)
+			toRedis(i, nil, c.Hits)
 			continue
 		}
 		valid := now.Before(g.validTill)
+		hits := c.SaturatedHits()
 		if c.Refund {
 			// Back to the grant, as much of it as this process used of
 			// its grants (a refund in Redis never goes below zero
@@ -117,43 +124,40 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 			// request's decision, as in decide.lua.
 			var k uint64
 			if valid {
-				k = min(g.used, c.SaturatedHits())
+				k = min(g.used, hits)
 				g.used -= k
 				g.avail += k
 			}
-			if k == c.SaturatedHits() {
-				local[i] = true
+			if k == hits {
 				results[i] = l.answer(g, now)
 				continue
 			}
-			rest[i].Hits = c.SaturatedHits() - k
-			rest[i].Lease = false
+			rest := hits - k
 			if valid {
 				// The rest goes to Redis with what is held here: a
 				// refund that empties the counter there must not free
 				// the hits of this grant too, which would then be used
 				// twice. (Hits held past their window are not the
 				// current window's to give back.)
-				rest[i].Hits += g.avail
+				rest += g.avail
 				l.m.LeaseGivenBack(g.avail, 0)
 				g.avail, g.used = 0, 0
 				g.gen++
 			}
-			exact = append(exact, i)
+			toRedis(i, g, rest)
 			continue
 		}
-		g.asked += c.SaturatedHits()
+		g.asked += hits
 		var r uint64
 		if valid {
-			r = min(g.avail, c.SaturatedHits())
+			r = min(g.avail, hits)
 			g.avail -= r
 			g.used += r
 			if r > 0 {
 				res = append(res, reservation{g, g.gen, r})
 			}
 		}
-		if r == c.SaturatedHits() {
-			local[i] = true
+		if r == hits {
 			results[i] = l.answer(g, now)
 			continue
 		}
@@ -168,33 +172,27 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 		default:
 			cold = true // decided in Redis until its rate earns a grant
 		}
-		rest[i].Hits = c.SaturatedHits() - r
-		rest[i].Lease = false
-		exact = append(exact, i)
+		toRedis(i, g, hits-r)
 	}
 	l.mu.Unlock()
 	switch {
 	case short:
-		l.m.LeaseWaited()
+		l.m.LeaseRequest("waited")
 		l.kick()
 	case cold:
 		// The refiller's next tick measures the rate: waking it for each
 		// request of a cold counter would only walk the map again.
-		l.m.LeaseCold()
+		l.m.LeaseRequest("cold")
 	}
-	if len(exact) == 0 {
-		l.m.LeaseLocal()
+	if len(sub) == 0 {
+		l.m.LeaseRequest("local")
 		return results, nil
 	}
 
-	sub := make([]limit.Check, len(exact))
-	for j, i := range exact {
-		sub[j] = rest[i]
-	}
 	got, err := l.s.evaluateExact(ctx, sub)
 	admitted := err == nil
 	if err == nil {
-		for j, i := range exact {
+		for j, i := range idx {
 			if got[j].Over && !sub[j].NoVeto && !sub[j].Refund {
 				admitted = false
 			}
@@ -218,13 +216,11 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 		return results, nil
 	}
 	// Redis has the counters' latest word: keep it for the answers.
-	for j, i := range exact {
-		if checks[i].Lease {
-			if g := l.entries[checks[i].Key]; g != nil {
-				g.remaining = got[j].Remaining
-				if got[j].Over {
-					g.dryUntil = now.Add(time.Duration(got[j].ResetUS) * time.Microsecond)
-				}
+	for j, g := range grants {
+		if g != nil {
+			g.remaining = got[j].Remaining
+			if got[j].Over {
+				g.dryUntil = now.Add(time.Duration(got[j].ResetUS) * time.Microsecond)
 			}
 		}
 	}

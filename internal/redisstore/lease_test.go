@@ -31,6 +31,18 @@ func leaseStore(t *testing.T, srv *redistest.Server, interval time.Duration, clo
 	return s, m
 }
 
+// scriptedLeases is a store with leases every 100 ms on a scripted clock
+// (Redis's and the leases') starting at startUS, its refiller stopped so
+// that the test runs its passes itself.
+func scriptedLeases(t *testing.T, srv *redistest.Server, startUS int64) (*Store, *metrics.Metrics, *atomic.Int64) {
+	t.Helper()
+	clock := new(atomic.Int64)
+	clock.Store(startUS)
+	s, m := leaseStore(t, srv, 100*time.Millisecond, func() time.Time { return time.UnixMicro(clock.Load()) })
+	manual(s)
+	return s, m, clock
+}
+
 // manual stops s's refiller, so that a test runs its passes itself.
 func manual(s *Store) {
 	close(s.leaseStop)
@@ -107,11 +119,7 @@ func TestLeaseFleetNeverExceeds(t *testing.T) {
 // next; they are counted lost, and the next window admits its limit.
 func TestLeaseRollover(t *testing.T) {
 	srv := redistest.Start(t)
-	var clock atomic.Int64
-	clock.Store(time.Now().Truncate(time.Hour).Add(time.Hour).UnixMicro()) // a window start
-	now := func() time.Time { return time.UnixMicro(clock.Load()) }
-	s, m := leaseStore(t, srv, 100*time.Millisecond, now)
-	manual(s)
+	s, m, clock := scriptedLeases(t, srv, time.Now().Truncate(time.Hour).Add(time.Hour).UnixMicro()) // a window start
 	c := limit.Check{Key: "roll", Limit: 1000, WindowUS: 1e6, Hits: 1, Lease: true}
 	ask := func() bool {
 		r, err := s.Evaluate(context.Background(), []limit.Check{c})
@@ -150,11 +158,7 @@ func TestLeaseRollover(t *testing.T) {
 // takes from both.
 func TestLeaseMixedRejected(t *testing.T) {
 	srv := redistest.Start(t)
-	var clock atomic.Int64
-	clock.Store(time.Now().UnixMicro())
-	now := func() time.Time { return time.UnixMicro(clock.Load()) }
-	s, _ := leaseStore(t, srv, 100*time.Millisecond, now)
-	manual(s)
+	s, _, _ := scriptedLeases(t, srv, time.Now().UnixMicro())
 	leased := limit.Check{Key: "mix:l", Limit: 1000, WindowUS: 3600e6, Hits: 1, Lease: true}
 	exact := limit.Check{Key: "mix:e", Limit: 1, WindowUS: 3600e6, Hits: 1}
 	if _, err := s.Evaluate(context.Background(), []limit.Check{leased}); err != nil {
@@ -189,14 +193,10 @@ func TestLeaseDifferential(t *testing.T) {
 	srv := redistest.Start(t)
 	for run, algo := range []limit.Algorithm{limit.FixedWindow, limit.SlidingWindow, limit.TokenBucket} {
 		t.Run(algo.String(), func(t *testing.T) {
-			var clock atomic.Int64
 			// A fixed start, so that a failure repeats (keys of their own:
 			// the counters of an earlier run would be in the future).
-			clock.Store(1_800_000_000_000_000 + int64(run)*3_700_000_000)
-			now := func() time.Time { return time.UnixMicro(clock.Load()) }
-			leased, m := leaseStore(t, srv, 100*time.Millisecond, now)
-			manual(leased)
-			plain, _ := leaseStore(t, srv, -1, now)
+			leased, m, clock := scriptedLeases(t, srv, 1_800_000_000_000_000+int64(run)*3_700_000_000)
+			plain, _ := leaseStore(t, srv, -1, func() time.Time { return time.UnixMicro(clock.Load()) })
 			rng := rand.New(rand.NewPCG(uint64(algo), 9))
 			rules := []limit.Check{{Limit: 50, WindowUS: 1e6}, {Limit: 300, WindowUS: 10e6}, {Limit: 7, WindowUS: 2e6}}
 			differ := 0
@@ -418,11 +418,7 @@ func TestLeaseGiveBack(t *testing.T) {
 // intervals after they were taken, and a later grant holds only its own.
 func TestLeaseBucketExpiry(t *testing.T) {
 	srv := redistest.Start(t)
-	var clock atomic.Int64
-	clock.Store(time.Now().UnixMicro())
-	now := func() time.Time { return time.UnixMicro(clock.Load()) }
-	s, m := leaseStore(t, srv, 100*time.Millisecond, now)
-	manual(s)
+	s, m, clock := scriptedLeases(t, srv, time.Now().UnixMicro())
 	c := limit.Check{Key: "bucket", Limit: 3600, WindowUS: 3600e6, Algorithm: limit.TokenBucket, Burst: 1000, Hits: 1, Lease: true}
 	if _, err := s.Evaluate(context.Background(), []limit.Check{c}); err != nil {
 		t.Fatal(err)
@@ -452,11 +448,7 @@ func TestLeaseBucketExpiry(t *testing.T) {
 // no more than a refund without lease would: at most the limit after it.
 func TestLeaseRefundBounded(t *testing.T) {
 	srv := redistest.Start(t)
-	var clock atomic.Int64
-	clock.Store(time.Now().UnixMicro())
-	now := func() time.Time { return time.UnixMicro(clock.Load()) }
-	s, _ := leaseStore(t, srv, 100*time.Millisecond, now)
-	manual(s)
+	s, _, _ := scriptedLeases(t, srv, time.Now().UnixMicro())
 	c := limit.Check{Key: "refund", Limit: 100, WindowUS: 3600e6, Hits: 1, Lease: true}
 	ask := func(c limit.Check) bool {
 		r, err := s.Evaluate(context.Background(), []limit.Check{c})
@@ -493,11 +485,7 @@ func TestLeaseRefundBounded(t *testing.T) {
 // takes no grant.
 func TestLeaseColdCounter(t *testing.T) {
 	srv := redistest.Start(t)
-	var clock atomic.Int64
-	clock.Store(time.Now().Truncate(time.Hour).UnixMicro())
-	now := func() time.Time { return time.UnixMicro(clock.Load()) }
-	s, m := leaseStore(t, srv, 100*time.Millisecond, now)
-	manual(s)
+	s, m, clock := scriptedLeases(t, srv, time.Now().Truncate(time.Hour).UnixMicro())
 	c := limit.Check{Key: "cold", Limit: 1000, WindowUS: 3600e6, Hits: 1, Lease: true}
 	for range 10 {
 		if r, err := s.Evaluate(context.Background(), []limit.Check{c}); err != nil || r[0].Over {

@@ -21,7 +21,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	sotw "github.com/envoyproxy/go-control-plane/pkg/client/sotw/v3"
@@ -213,7 +212,7 @@ func (s *stream) serve(ctx context.Context) (got bool, err error) {
 				return got, ctx.Err()
 			}
 			s.o.OnLoad(nil, err)
-			s.badSum, s.badErr, s.badRepeat = sum, nackText(err), nackRepeatMin
+			s.badSum, s.badErr, s.badRepeat = sum, config.Truncate(err.Error(), maxNack), nackRepeatMin
 			if err := s.client.Nack(s.badErr); err != nil {
 				return got, err
 			}
@@ -245,18 +244,6 @@ func setSum(rs []*anypb.Any) [sha256.Size]byte {
 	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
 	return sum
-}
-
-func nackText(err error) string {
-	msg := err.Error()
-	if len(msg) > maxNack {
-		cut := maxNack
-		for cut > 0 && !utf8.RuneStart(msg[cut]) {
-			cut--
-		}
-		msg = msg[:cut] + " …"
-	}
-	return msg
 }
 
 // Load validates and compiles a set of RateLimitConfig resources as one
