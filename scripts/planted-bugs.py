@@ -77,6 +77,10 @@ muts = [
     ("56 the service drops lease: true","internal/service/decide.go","Algorithm: it.algo, Burst: it.burst, Lease: it.lease})","Algorithm: it.algo, Burst: it.burst, Lease: false && it.lease})","./internal/service","TestLeasedRule"),
     ("57 lease: true not parsed","config/parse.go","\t\tl.Lease = p.boolean(v, path+\".lease\")","\t\t_ = p.boolean(v, path+\".lease\")","./config","TestAlgorithms"),
     ("58 a short grant refused instead of asked of Redis","internal/redisstore/lease.go","\t\ttoRedis(i, g, hits-r)\n","\t\tresults[i] = limit.Result{Over: true}\n\t\tcontinue\n","./cmd/ratelimitd","TestLeaseHolderKilled"),
+    ("59 LIMIT_REMAINING_HEADER ignored","cmd/ratelimitd/envcompat.go","{name: \"LIMIT_REMAINING_HEADER\", flag: \"response-header-remaining\"},","","./cmd/ratelimitd","TestEnvoyproxyEnvironment"),
+    ("60 decision metadata without reset_us","internal/service/decide.go","reasons[i].(map[string]any)[\"reset_us\"] = float64(max(us, 0))","_ = us","./cmd/ratelimitd","TestHealthcheckAndDebug"),
+    ("61 idle grants never given back","internal/redisstore/lease.go","case g.avail > 0 && (all || idle ||","case g.avail > 0 && (all ||","./internal/redisstore","TestLeaseGiveBack"),
+    ("62 xDS stream state not reported","internal/xds/xds.go","\ts.o.Metrics.XDSStream(true)\n","","./cmd/ratelimitd","TestRulesOverXDS$"),
 ]
 only = sys.argv[1:]
 missed = 0
