@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"gopkg.in/yaml.v3"
@@ -264,6 +266,9 @@ func Load(ctx context.Context, opts config.Options, resources []*anypb.Any) (*co
 			name = fmt.Sprintf("resource %d", i)
 		}
 		data, err := Render(&rc)
+		if err == nil {
+			err = unknownUnits(rc.GetDomain(), rc.GetDescriptors(), "descriptors")
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 			continue
@@ -292,6 +297,7 @@ type (
 		RateLimit      *yamlLimit       `yaml:"rate_limit,omitempty"`
 		ShadowMode     bool             `yaml:"shadow_mode,omitempty"`
 		DetailedMetric bool             `yaml:"detailed_metric,omitempty"`
+		QuotaMode      bool             `yaml:"quota_mode,omitempty"`
 		Descriptors    []yamlDescriptor `yaml:"descriptors,omitempty"`
 	}
 	yamlLimit struct {
@@ -322,7 +328,10 @@ func renderDescriptors(ds []*rlsconf.RateLimitDescriptor) []yamlDescriptor {
 			// values; a limited one names both, so that a missing unit is
 			// the error it is in a file.
 			if !l.Unlimited || p.GetUnit() != rlsconf.RateLimitUnit_UNKNOWN {
-				l.Unit = strings.ToLower(p.GetUnit().String())
+				l.Unit = unitName(p.GetUnit())
+			}
+			if quota, ok := quotaMode(d); ok {
+				y.QuotaMode = quota
 			}
 			if rpu := p.GetRequestsPerUnit(); !l.Unlimited || rpu != 0 {
 				l.RequestsPerUnit = &rpu
@@ -335,6 +344,76 @@ func renderDescriptors(ds []*rlsconf.RateLimitDescriptor) []yamlDescriptor {
 		out = append(out, y)
 	}
 	return out
+}
+
+// unitName is a unit's name in the rules format, by number: the
+// RateLimitConfig module ratelimitd builds with (v0.1.0, the newest the
+// module proxy serves) stops at DAY, but the proto Envoy Gateway and the
+// incumbent send has MONTH = 5, YEAR = 6 and WEEK = 7, the same numbers
+// config.Unit uses. A number neither knows is written as it came, and
+// unknownUnits reports it naming the rule.
+func unitName(u rlsconf.RateLimitUnit) string {
+	if cu := config.Unit(u); cu.Duration() > 0 || u == rlsconf.RateLimitUnit_UNKNOWN {
+		return cu.String()
+	}
+	return strconv.Itoa(int(u))
+}
+
+// unknownUnits names every rule of ds whose unit number no proto version
+// defines: the whole set is still refused (a rule left out would stop
+// limiting silently), but the NACK says which rule to fix.
+func unknownUnits(domain string, ds []*rlsconf.RateLimitDescriptor, at string) error {
+	var errs []error
+	for i, d := range ds {
+		here := fmt.Sprintf("%s[%d]", at, i)
+		if u := d.GetRateLimit().GetUnit(); u != rlsconf.RateLimitUnit_UNKNOWN && config.Unit(u).Duration() == 0 {
+			errs = append(errs, fmt.Errorf("%s (rule %s): rate_limit.unit %d is no unit of RateLimitConfig (want SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR)",
+				here, domain+"."+ruleKey(d), int32(u)))
+		}
+		if err := unknownUnits(domain+"."+ruleKey(d), d.GetDescriptors(), here+".descriptors"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ruleKey is a level of the stats path: key, or key_value.
+func ruleKey(d *rlsconf.RateLimitDescriptor) string {
+	if d.GetValue() == "" {
+		return d.GetKey()
+	}
+	return d.GetKey() + "_" + d.GetValue()
+}
+
+// quotaFieldNumber is RateLimitDescriptor.quota_mode in the current proto;
+// v0.1.0's generated type keeps it among its unknown fields.
+const quotaFieldNumber = 7
+
+// quotaMode reads quota_mode from d's unknown fields, where the v0.1.0
+// type leaves it: dropping it would turn a soft quota into a hard limit.
+func quotaMode(d *rlsconf.RateLimitDescriptor) (quota, ok bool) {
+	b := d.ProtoReflect().GetUnknown()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false, false
+		}
+		b = b[n:]
+		if num == quotaFieldNumber && typ == protowire.VarintType {
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return false, false
+			}
+			b, quota, ok = b[m:], v != 0, true
+			continue
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return false, false
+		}
+		b = b[m:]
+	}
+	return quota, ok
 }
 
 func nodeOf(id string, md map[string]string) (*core.Node, error) {

@@ -11,6 +11,7 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/ratelimitd/ratelimitd/config"
@@ -263,5 +264,58 @@ descriptors:
 	other, _ := anypb.New(&rlsconf.RateLimitPolicy{})
 	if _, err := Load(context.Background(), config.Options{}, []*anypb.Any{other}); err == nil || !strings.Contains(err.Error(), "resource 0 (type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitPolicy)") {
 		t.Errorf("wrong type: %v", err)
+	}
+}
+
+// TestUnits serves, through go-control-plane's own server, a set with
+// every unit of the current RateLimitConfig proto: WEEK, MONTH and YEAR
+// (7, 5 and 6) are beyond the v0.1.0 generated type ratelimitd builds
+// with, and one such policy once had every set NACKed. quota_mode (field
+// 7 of the current proto, unknown to v0.1.0) survives too. A unit no
+// proto defines refuses the set, naming the rule.
+func TestUnits(t *testing.T) {
+	units := map[string]rlsconf.RateLimitUnit{"second": 1, "minute": 2, "hour": 3, "day": 4, "month": 5, "year": 6, "week": 7}
+	rc := &rlsconf.RateLimitConfig{Name: "all", Domain: "all"}
+	for name, u := range units {
+		rc.Descriptors = append(rc.Descriptors, &rlsconf.RateLimitDescriptor{Key: "u", Value: name,
+			RateLimit: &rlsconf.RateLimitPolicy{Unit: u, RequestsPerUnit: 9}})
+	}
+	quota := &rlsconf.RateLimitDescriptor{Key: "q", RateLimit: &rlsconf.RateLimitPolicy{Unit: 5, RequestsPerUnit: 1000}}
+	quota.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 7, protowire.VarintType), 1))
+	rc.Descriptors = append(rc.Descriptors, quota)
+
+	srv := xdstest.Start(t, "127.0.0.1:0")
+	srv.Set("node-a", "1", rc)
+	ch := run(t, srv.Addr)
+	l := next(t, ch)
+	if l.err != nil {
+		t.Fatalf("set with every unit refused: %v", l.err)
+	}
+	if srv.WaitFor(10*time.Second, acked("1")) == nil {
+		t.Fatal("version 1 not ACKed")
+	}
+	for _, r := range l.snap.Domain("all").Rules() {
+		switch {
+		case r.Key == "q":
+			if !r.QuotaMode || r.Limit.Unit != config.UnitMonth {
+				t.Errorf("quota rule: quota_mode %v unit %v; want true, month", r.QuotaMode, r.Limit.Unit)
+			}
+		case r.Limit.Unit != config.Unit(units[r.Value]) || r.Limit.Unit.String() != r.Value || r.Limit.RequestsPerUnit != 9:
+			t.Errorf("rule %s: unit %v (%d/unit); want %s", r.Path, r.Limit.Unit, r.Limit.RequestsPerUnit, r.Value)
+		}
+	}
+
+	bad := &rlsconf.RateLimitConfig{Name: "bad", Domain: "gw", Descriptors: []*rlsconf.RateLimitDescriptor{
+		{Key: "route", Value: "r1", Descriptors: []*rlsconf.RateLimitDescriptor{
+			{Key: "ip", RateLimit: &rlsconf.RateLimitPolicy{Unit: 42, RequestsPerUnit: 1}}}}}}
+	srv.Set("node-a", "2", rc, bad)
+	l = next(t, ch)
+	want := "bad: descriptors[0].descriptors[0] (rule gw.route_r1.ip): rate_limit.unit 42 is no unit of RateLimitConfig"
+	if l.err == nil || !strings.Contains(l.err.Error(), want) {
+		t.Fatalf("unit 42: %v; want an error containing %q", l.err, want)
+	}
+	nack := srv.WaitFor(10*time.Second, func(r *discovery.DiscoveryRequest) bool { return r.GetErrorDetail() != nil })
+	if nack == nil || nack.GetVersionInfo() != "1" || !strings.Contains(nack.GetErrorDetail().GetMessage(), "rule gw.route_r1.ip") {
+		t.Fatalf("NACK %v; want version 1 kept and the rule named", nack)
 	}
 }
