@@ -54,16 +54,12 @@ var envoyproxySettings = []envSetting{
 	{name: "RESPONSE_DYNAMIC_METADATA", ignore: "rule metadata is not returned; --decision-metadata explains decisions"},
 	{name: "RUNTIME_WATCH_ROOT", ignore: "the rules directory is watched for every kind of change"},
 	{name: "RUNTIME_IGNOREDOTFILES", ignore: "dot files are always skipped"},
-	{name: "USE_STATSD", ignore: "metrics are Prometheus, on the HTTP port's /metrics"},
-	{name: "STATSD_HOST", ignore: "metrics are Prometheus, on the HTTP port's /metrics"},
-	{name: "STATSD_PORT", ignore: "metrics are Prometheus, on the HTTP port's /metrics"},
-	{name: "USE_DOG_STATSD", ignore: "metrics are Prometheus, on the HTTP port's /metrics"},
-	{name: "USE_PROMETHEUS", ignore: "metrics are always Prometheus, on the HTTP port's /metrics"},
-	{name: "PROMETHEUS_ADDR", ignore: "metrics are served on the HTTP port's /metrics"},
-	{name: "PROMETHEUS_PATH", ignore: "metrics are served on /metrics"},
-	{name: "EXTRA_TAGS", ignore: "Prometheus labels come from the scrape configuration"},
-	{name: "STATS_FLUSH_INTERVAL", ignore: "Prometheus scrapes; nothing is flushed"},
-	{name: "DISABLE_STATS", ignore: "metrics cost nothing until scraped"},
+	{name: "EXTRA_TAGS", flag: "statsd-tags"},
+	{name: "STATS_FLUSH_INTERVAL", flag: "stats-flush-interval"},
+	{name: "USE_DOG_STATSD", ok: []string{"false"}, refuse: "DogStatsD is not supported: use USE_STATSD (statsd over TCP or UDP) or USE_PROMETHEUS"},
+	{name: "USE_DOG_STATSD_MOGRIFIERS", ignore: "DogStatsD is not supported"},
+	{name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", ok: []string{"false"}, refuse: "the response time histogram is in seconds (the mapping's scale: 0.001), as the incumbent's default"},
+	{name: "GRPC_SERVER_TLS_CA_CERT", ignore: "not a variable envoyproxy/ratelimit reads (it verifies clients with GRPC_CLIENT_TLS_CACERT), so not one ratelimitd reads either"},
 	{name: "REDIS_POOL_SIZE", ignore: "one batching connection per Redis serves every request (--redis-dispatchers)"},
 	{name: "REDIS_PIPELINE_WINDOW", ignore: "requests are batched with no added wait"},
 	{name: "REDIS_PIPELINE_LIMIT", ignore: "requests are batched with no added wait"},
@@ -120,6 +116,9 @@ func envoyproxyEnv(getenv func(string) string) (flags [][2]string, password stri
 		return nil
 	}
 	if err := read(envoyproxySettings); err != nil {
+		return nil, "", nil, err
+	}
+	if err := envoyproxyStats(getenv, set); err != nil {
 		return nil, "", nil, err
 	}
 	xdsRules := strings.EqualFold(getenv("CONFIG_TYPE"), "GRPC_XDS_SOTW")
@@ -257,4 +256,63 @@ func envoyproxyRedisURL(getenv func(string) string, prefix string) (string, stri
 		return u, "cluster", nil
 	}
 	return "", "", fmt.Errorf("--env-compat=envoyproxy: %sTYPE %q: want SINGLE, SENTINEL or CLUSTER", prefix, getenv(prefix+"TYPE"))
+}
+
+// envoyproxyStats reads the incumbent's stats sinks: statsd (on unless
+// USE_STATSD=false, another sink is chosen, or DISABLE_STATS=true) and
+// Prometheus (USE_PROMETHEUS=true). Unlike the incumbent, which refuses
+// two sinks, both may be on.
+func envoyproxyStats(getenv func(string) string, set func(flag, v string)) error {
+	isTrue := func(name string) (bool, error) {
+		v := getenv(name)
+		if v == "" {
+			return false, nil
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return false, fmt.Errorf("--env-compat=envoyproxy: %s=%q: want true or false", name, v)
+		}
+		return b, nil
+	}
+	off, err := isTrue("DISABLE_STATS")
+	if err != nil || off {
+		return err
+	}
+	prom, err := isTrue("USE_PROMETHEUS")
+	if err != nil {
+		return err
+	}
+	statsd := !prom
+	if v := getenv("USE_STATSD"); v != "" {
+		if statsd, err = isTrue("USE_STATSD"); err != nil {
+			return err
+		}
+	}
+	if statsd {
+		host, port := getenv("STATSD_HOST"), getenv("STATSD_PORT")
+		if host == "" {
+			host = "localhost"
+		}
+		if port == "" {
+			port = "8125"
+		}
+		set("statsd-addr", net.JoinHostPort(host, port))
+		if p := getenv("STATSD_PROTOCOL"); p != "" {
+			set("statsd-protocol", strings.ToLower(p))
+		}
+	}
+	if prom {
+		addr, path := getenv("PROMETHEUS_ADDR"), getenv("PROMETHEUS_PATH")
+		if addr == "" {
+			addr = ":9090"
+		}
+		set("compat-metrics-addr", addr)
+		if path != "" {
+			set("compat-metrics-path", path)
+		}
+		if f := getenv("PROMETHEUS_MAPPER_YAML"); f != "" {
+			set("compat-metrics-mapper", f)
+		}
+	}
+	return nil
 }

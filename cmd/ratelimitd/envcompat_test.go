@@ -108,7 +108,7 @@ func TestEnvoyproxyEnvironment(t *testing.T) {
 	if n, err := perSecond.Client().DBSize(context.Background()).Result(); err != nil || n != 1 {
 		t.Errorf("%d keys in the per-second Redis, %v; want the per-second counter", n, err)
 	}
-	if !strings.Contains(log.String(), "USE_STATSD: metrics are Prometheus") {
+	if !strings.Contains(log.String(), "RUNTIME_WATCH_ROOT: the rules directory is watched") {
 		t.Errorf("ignored variable not listed:\n%s", log.String())
 	}
 	if !strings.Contains(log.String(), "level=DEBUG") {
@@ -142,7 +142,8 @@ func TestEnvoyproxyTableInReadme(t *testing.T) {
 	}
 	names := []string{"REDIS_URL", "REDIS_TYPE", "REDIS_SOCKET_TYPE", "REDIS_TLS", "REDIS_AUTH", "RUNTIME_ROOT",
 		"RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY", "HOST", "PORT", "GRPC_HOST", "GRPC_PORT", "DEBUG_HOST",
-		"DEBUG_PORT", "LOG_LEVEL", "LIMIT_RESPONSE_HEADERS_ENABLED", "GRPC_SERVER_USE_TLS"}
+		"DEBUG_PORT", "LOG_LEVEL", "LIMIT_RESPONSE_HEADERS_ENABLED", "GRPC_SERVER_USE_TLS", "USE_STATSD", "STATSD_HOST",
+		"STATSD_PORT", "STATSD_PROTOCOL", "DISABLE_STATS", "USE_PROMETHEUS", "PROMETHEUS_ADDR", "PROMETHEUS_PATH", "PROMETHEUS_MAPPER_YAML"}
 	for _, e := range append(envoyproxySettings, envoyproxyXDS...) {
 		names = append(names, e.name)
 	}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -16,8 +18,30 @@ var version = "dev"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
+	if err := run(ctx, os.Args[1:], envFor(os.Args[0], os.Getenv), os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "ratelimitd:", err)
 		os.Exit(1)
+	}
+}
+
+// IncumbentName is the name envoyproxy/ratelimit's images run it by
+// (/bin/ratelimit). Invoked under it, ratelimitd reads the incumbent's
+// environment (--env-compat=envoyproxy) unless told otherwise, so that
+// swapping the image is the whole migration.
+const IncumbentName = "ratelimit"
+
+// envFor is the environment as run reads it when the binary was started
+// as argv0: under IncumbentName, RATELIMITD_ENV_COMPAT defaults to
+// envoyproxy (an explicit value, "none" included, still wins).
+func envFor(argv0 string, getenv func(string) string) func(string) string {
+	if strings.TrimSuffix(filepath.Base(argv0), ".exe") != IncumbentName {
+		return getenv
+	}
+	return func(k string) string {
+		v := getenv(k)
+		if k == envPrefix+"ENV_COMPAT" && v == "" {
+			return "envoyproxy"
+		}
+		return v
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/filewatch"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
@@ -69,18 +70,33 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	}
 
 	m := metrics.New(version)
+	compat, err := newCompatStats(s, m, log)
+	if err != nil {
+		return err
+	}
+	var flusher sync.WaitGroup
+	flusher.Go(compat.Run)
+	defer func() {
+		compat.Close()
+		flusher.Wait()
+	}()
 	loadOpts := config.Options{MergeDomains: s.mergeDomains}
 	var rules *config.Snapshot
 	if s.xds.server == "" {
 		rules, err = config.LoadWith(ctx, loadOpts, s.config)
 		if err != nil {
+			compat.ConfigLoaded(false)
 			return fmt.Errorf("rules: %w", err)
 		}
 		m.ConfigLoaded(true, rules.Hash, rules.LoadedAt)
+		compat.ConfigLoaded(true)
 		log.Info("rules loaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
-	} else if rules, err = config.LoadDocs(ctx, loadOpts, nil); err != nil {
-		return err // none: the rules come from --xds-server
-	}
+	} else if s.xds.beforeRules == "ok" {
+		// No rules yet: an empty set answers every request OK.
+		if rules, err = config.LoadDocs(ctx, loadOpts, nil); err != nil {
+			return err
+		}
+	} // else nil: every request is refused as Unavailable until rules come.
 
 	grpcID, err := newIdentity("grpc", "--grpc-tls-cert", "--grpc-client-ca", s.grpcTLSCert, s.grpcTLSKey, s.grpcClientCA)
 	if err != nil {
@@ -113,6 +129,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		DecisionMetadata: s.decisionMeta,
 		NearLimitRatio:   s.nearLimitRatio,
 		Metrics:          m,
+		Compat:           compat,
 		Logger:           log,
 	})
 
@@ -135,8 +152,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	defer stopReload()
 	apply := func(rules *config.Snapshot, err error) {
 		m.ConfigLoaded(err == nil, rules.GetHash(), time.Now())
+		compat.ConfigLoaded(err == nil)
 		if err != nil {
-			log.Error("rules reload failed; keeping the rules in force", "err", err, "hash", svc.Rules().Hash)
+			log.Error("rules reload failed; keeping the rules in force", "err", err, "hash", svc.Rules().GetHash())
 			return
 		}
 		svc.SetRules(rules)
@@ -193,6 +211,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	}
 
 	grpcOpts := grpcServerOptions(s, grpcID)
+	if s.stats.compatAddr != "" {
+		stopCompat, err := serveCompat(s.stats.compatAddr, s.stats.compatPath, compat, log)
+		if err != nil {
+			grpcLis.Close()
+			httpLis.Close()
+			return err
+		}
+		defer stopCompat()
+	}
 	if s.debugAddr != "" {
 		stopDebug, err := startDebug(s.debugAddr, log)
 		if err != nil {
@@ -338,6 +365,63 @@ func startDebug(addr string, log *slog.Logger) (stop func(), err error) {
 		}
 	})
 	log.Info("pprof on --debug-addr", "addr", lis.Addr().String())
+	return func() {
+		_ = srv.Close()
+		wg.Wait()
+	}, nil
+}
+
+// newCompatStats makes the counters of envoyproxy/ratelimit's stats when
+// a sink wants them (--statsd-addr, --compat-metrics-addr), else nil.
+func newCompatStats(s *settings, m *metrics.Metrics, log *slog.Logger) (*compatstats.Stats, error) {
+	st := &s.stats
+	if st.statsdAddr == "" && st.compatAddr == "" {
+		return nil, nil
+	}
+	tags, _ := parsePairs(st.tags) // checked with the flags
+	opts := compatstats.Options{
+		StatsdAddr: st.statsdAddr, StatsdProtocol: st.statsdProtocol, Tags: tags, FlushInterval: st.flushInterval,
+		Prometheus: st.compatAddr != "", NearLimitRatio: s.nearLimitRatio, OnSinkError: m.StatsSinkError, Logger: log,
+	}
+	if st.mapper != "" {
+		b, err := os.ReadFile(st.mapper)
+		if err != nil {
+			return nil, fmt.Errorf("--compat-metrics-mapper: %w", err)
+		}
+		opts.Mapping = string(b)
+	}
+	c, err := compatstats.New(opts)
+	switch {
+	case err != nil && st.mapper != "":
+		return nil, fmt.Errorf("--compat-metrics-mapper %s: %w", st.mapper, err)
+	case errors.Is(err, compatstats.ErrAddress):
+		return nil, fmt.Errorf("--statsd-addr: %w", err)
+	case err != nil:
+		return nil, err
+	}
+	if st.statsdAddr != "" {
+		log.Info("sending envoyproxy/ratelimit's stats to statsd", "addr", st.statsdAddr, "protocol", st.statsdProtocol, "every", st.flushInterval)
+	}
+	return c, nil
+}
+
+// serveCompat serves envoyproxy/ratelimit's stats as Prometheus metrics on
+// addr until the returned stop is called.
+func serveCompat(addr, path string, c *compatstats.Stats, log *slog.Logger) (stop func(), err error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--compat-metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(path, promhttp.HandlerFor(c.Registry(), promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := srv.Serve(lis); err != nil && err != http.ErrServerClosed {
+			log.Error("compat metrics server stopped", "err", err)
+		}
+	})
+	log.Info("serving envoyproxy/ratelimit's stats as Prometheus metrics", "addr", lis.Addr().String(), "path", path)
 	return func() {
 		_ = srv.Close()
 		wg.Wait()

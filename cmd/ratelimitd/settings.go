@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -64,8 +65,17 @@ type settings struct {
 	nearLimitRatio    float64
 	dispatchers       int
 	xds               xdsSettings
+	stats             statsSettings
 	headerNames       service.HeaderNames
 	leaseInterval     time.Duration
+}
+
+// statsSettings are the flags of envoyproxy/ratelimit's stats under its
+// names: statsd and a Prometheus endpoint of their own.
+type statsSettings struct {
+	statsdAddr, statsdProtocol, tags string
+	flushInterval                    time.Duration
+	compatAddr, compatPath, mapper   string
 }
 
 // xdsSettings are the --xds-* flags: rules from a management server.
@@ -76,6 +86,9 @@ type xdsSettings struct {
 	maxMessage                        byteSize
 	backoffInitial, backoffMax        time.Duration
 	startWithoutRules                 bool
+	// beforeRules is the answer while no set has arrived yet (with
+	// startWithoutRules): "unavailable" or "ok".
+	beforeRules string
 }
 
 func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
@@ -95,8 +108,9 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.Var(&s.xds.maxMessage, "xds-max-message-size", "largest response accepted from --xds-server, in bytes (default 4MiB)")
 	fs.DurationVar(&s.xds.backoffInitial, "xds-backoff-initial", xds.DefaultBackoffInitial, "first wait before opening the stream to --xds-server again; it doubles, with jitter, up to --xds-backoff-max")
 	fs.DurationVar(&s.xds.backoffMax, "xds-backoff-max", xds.DefaultBackoffMax, "longest wait before opening the stream to --xds-server again")
-	fs.BoolVar(&s.xds.startWithoutRules, "xds-start-without-rules", false, "serve before --xds-server sent the first valid rules (every request answered OK meanwhile) instead of waiting for them")
-	fs.StringVar(&s.envCompat, "env-compat", "", "read another rate limiter's environment variables beneath ratelimitd's own flags and variables: envoyproxy (see the README's table)")
+	fs.BoolVar(&s.xds.startWithoutRules, "xds-start-without-rules", false, "serve before --xds-server sent the first valid rules (answered as --xds-before-rules says meanwhile) instead of waiting for them")
+	fs.StringVar(&s.xds.beforeRules, "xds-before-rules", "unavailable", "with --xds-start-without-rules, the answer until the first rules arrive: unavailable (gRPC UNAVAILABLE, HTTP 503: Envoy's failure_mode_deny decides, as with envoyproxy/ratelimit) or ok (every request OK, no limit)")
+	fs.StringVar(&s.envCompat, "env-compat", "", "read another rate limiter's environment variables beneath ratelimitd's own flags and variables: envoyproxy (see the README's table; the default when the binary runs as ratelimit) or none")
 	fs.BoolVar(&s.mergeDomains, "merge-domains", false, "merge rules files that share a domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); a descriptor two files define is an error")
 	fs.StringVar(&s.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://); empty: the embedded in-memory store, limits per process")
 	fs.StringVar(&s.redisPerSecondURL, "redis-persecond-url", "", "a second Redis for the counters of one-second windows (envoyproxy/ratelimit's REDIS_PERSECOND), with --redis-url's mode, TLS files and timeouts; a request spanning both stays all or nothing")
@@ -144,6 +158,13 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.debugAddr, "debug-addr", "", "serve pprof on this address (e.g. 127.0.0.1:6060); empty: off")
 	fs.Float64Var(&s.nearLimitRatio, "near-limit-ratio", 0.8, "share of a limit from which an OK decision counts as near_limit in metrics")
 	fs.DurationVar(&s.drainDelay, "drain-delay", 0, "on SIGTERM, keep serving this long with health NOT_SERVING before stopping")
+	fs.StringVar(&s.stats.statsdAddr, "statsd-addr", "", "send envoyproxy/ratelimit's stats, under its names, to this statsd server (host:port); empty: none")
+	fs.StringVar(&s.stats.statsdProtocol, "statsd-protocol", "tcp", "tcp or udp, for --statsd-addr")
+	fs.StringVar(&s.stats.tags, "statsd-tags", "", "tags on every envoyproxy/ratelimit stat, k:v,k2:v2 (gostats' .__k=v in statsd names; labels on --compat-metrics-addr)")
+	fs.DurationVar(&s.stats.flushInterval, "stats-flush-interval", compatstats.DefaultFlushInterval, "how often envoyproxy/ratelimit's stats are sent to --statsd-addr and --compat-metrics-addr")
+	fs.StringVar(&s.stats.compatAddr, "compat-metrics-addr", "", "serve envoyproxy/ratelimit's stats as Prometheus metrics under its names (ratelimit_service_rate_limit_*) on this address; empty: off")
+	fs.StringVar(&s.stats.compatPath, "compat-metrics-path", "/metrics", "path of --compat-metrics-addr")
+	fs.StringVar(&s.stats.mapper, "compat-metrics-mapper", "", "statsd_exporter mapping file naming --compat-metrics-addr's metrics (default: envoyproxy/ratelimit's built-in mapping)")
 	return fs
 }
 
@@ -153,9 +174,9 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 	fs := newFlagSet(s, out)
 	// Another limiter's variables come first, so that ratelimitd's own
 	// variables and then its flags win over them.
-	if compat := compatFrom(args, getenv); compat != "" {
+	if compat := compatFrom(args, getenv); compat != "" && compat != "none" {
 		if compat != "envoyproxy" {
-			return nil, fmt.Errorf("--env-compat %q: want envoyproxy", compat)
+			return nil, fmt.Errorf("--env-compat %q: want envoyproxy or none", compat)
 		}
 		flags, password, ignored, err := envoyproxyEnv(getenv)
 		if err != nil {
@@ -196,6 +217,8 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, errors.New("--config is required (a rules file or directory; env " + envPrefix + "CONFIG), or --xds-server")
 	case s.config != "" && s.xds.server != "":
 		return nil, errors.New("--config and --xds-server both give the rules: use one")
+	case s.xds.beforeRules != "unavailable" && s.xds.beforeRules != "ok":
+		return nil, fmt.Errorf("--xds-before-rules %q: want unavailable or ok", s.xds.beforeRules)
 	case s.xds.server == "" && (s.xds.tls || s.xds.ca != "" || s.xds.cert != "" || s.xds.serverName != "" || s.xds.nodeMeta != "" || s.xds.headers != "" || s.xds.startWithoutRules):
 		return nil, errors.New("--xds-* need --xds-server")
 	case (s.xds.cert == "") != (s.xds.key == ""):
@@ -231,6 +254,14 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, fmt.Errorf("--near-limit-ratio must be in (0, 1], got %v", s.nearLimitRatio)
 	case s.drainDelay < 0:
 		return nil, fmt.Errorf("--drain-delay must not be negative, got %v", s.drainDelay)
+	case s.stats.statsdProtocol != "tcp" && s.stats.statsdProtocol != "udp":
+		return nil, fmt.Errorf("--statsd-protocol %q: want tcp or udp", s.stats.statsdProtocol)
+	case s.stats.flushInterval <= 0:
+		return nil, fmt.Errorf("--stats-flush-interval must be positive, got %v", s.stats.flushInterval)
+	case !strings.HasPrefix(s.stats.compatPath, "/"):
+		return nil, fmt.Errorf("--compat-metrics-path %q must start with /", s.stats.compatPath)
+	case s.stats.mapper != "" && s.stats.compatAddr == "":
+		return nil, errors.New("--compat-metrics-mapper needs --compat-metrics-addr")
 	}
 	for _, h := range []struct{ flag, v string }{{"--response-header-limit", s.headerNames.Limit},
 		{"--response-header-remaining", s.headerNames.Remaining}, {"--response-header-reset", s.headerNames.Reset}} {
@@ -238,7 +269,7 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 			return nil, fmt.Errorf("%s %q: not an HTTP header name", h.flag, h.v)
 		}
 	}
-	for _, kv := range []struct{ flag, v string }{{"--xds-node-metadata", s.xds.nodeMeta}, {"--xds-headers", s.xds.headers}} {
+	for _, kv := range []struct{ flag, v string }{{"--xds-node-metadata", s.xds.nodeMeta}, {"--xds-headers", s.xds.headers}, {"--statsd-tags", s.stats.tags}} {
 		if _, err := parsePairs(kv.v); err != nil {
 			return nil, fmt.Errorf("%s: %w", kv.flag, err)
 		}

@@ -62,7 +62,11 @@ func startXDS(ctx context.Context, wg *sync.WaitGroup, x *xdsSettings, id *ident
 		}
 	})
 	if x.startWithoutRules {
-		log.Warn("serving before --xds-server sent rules: every request is answered OK until it does", "server", x.server)
+		answer := "UNAVAILABLE (Envoy's failure_mode_deny decides)"
+		if x.beforeRules == "ok" {
+			answer = "OK, with no limit"
+		}
+		log.Warn("serving before --xds-server sent rules: every request is answered "+answer+" until it does", "server", x.server)
 		return nil
 	}
 	log.Info("waiting for the first rules from --xds-server", "server", x.server, "node", x.nodeID)

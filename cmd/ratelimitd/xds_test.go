@@ -14,7 +14,9 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/xdstest"
@@ -146,7 +148,15 @@ func TestRulesOverXDSTLS(t *testing.T) {
 	in = start(t, env(nil), append(args(impostor.Addr), "--xds-start-without-rules")...)
 	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
 	time.Sleep(300 * time.Millisecond) // several attempts
-	if got := limitServed(t, client, "ops"); got != 0 {
+	// No rules yet: UNAVAILABLE by default, so that Envoy's
+	// failure_mode_deny decides (as with the incumbent) ...
+	_, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "ops", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("rules taken from a server another CA vouches for, or no rules answered otherwise than UNAVAILABLE: %v", err)
+	}
+	// ... or OK with --xds-before-rules=ok.
+	in2 := start(t, env(nil), append(args(impostor.Addr), "--xds-start-without-rules", "--xds-before-rules=ok")...)
+	if got := limitServed(t, rlsv3.NewRateLimitServiceClient(dial(t, in2.grpcAddr)), "ops"); got != 0 {
 		t.Errorf("rules taken from a server another CA vouches for: limit %d", got)
 	}
 	if !strings.Contains(in.log.String(), "certificate signed by unknown authority") {

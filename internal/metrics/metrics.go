@@ -40,6 +40,7 @@ type Metrics struct {
 	LeaseGrants       prometheus.Counter
 	LeaseHits         *prometheus.CounterVec
 	LeaseRefills      *prometheus.CounterVec
+	StatsSinkErrors   *prometheus.CounterVec
 }
 
 // New registers every collector, with Go and process collectors, on a new
@@ -140,6 +141,10 @@ func New(version string) *Metrics {
 			Name: "ratelimitd_lease_refills_total",
 			Help: "Script calls of the lease refiller (takes and give-backs of many counters at once) by result.",
 		}, []string{"result"}),
+		StatsSinkErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_stats_sink_errors_total",
+			Help: "Failures of the sink of envoyproxy/ratelimit's stats (statsd: cannot connect, or lines dropped); its stats are lost, decisions never wait for it.",
+		}, []string{"sink"}),
 		XDSConnected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratelimitd_xds_connected",
 			Help: "1 while the stream to the xDS management server (--xds-server) is open; the rules in force stay while it is not.",
@@ -153,7 +158,7 @@ func New(version string) *Metrics {
 	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.ShadowRequests, m.RequestDuration,
 		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
 		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, m.XDSConnected,
-		m.LeaseDecisions, m.LeaseGrants, m.LeaseHits, m.LeaseRefills, buildInfo)
+		m.LeaseDecisions, m.LeaseGrants, m.LeaseHits, m.LeaseRefills, m.StatsSinkErrors, buildInfo)
 	return m
 }
 
@@ -334,5 +339,12 @@ func (m *Metrics) LeaseRefill(ok bool) {
 			result = "failure"
 		}
 		m.LeaseRefills.WithLabelValues(result).Inc()
+	}
+}
+
+// StatsSinkError counts a failure of a stats sink.
+func (m *Metrics) StatsSinkError(sink string) {
+	if m != nil {
+		m.StatsSinkErrors.WithLabelValues(sink).Inc()
 	}
 }

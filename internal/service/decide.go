@@ -9,12 +9,14 @@ import (
 	"sync"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
@@ -35,12 +37,20 @@ type checkState struct {
 // outcome, fail_open or fail_closed, in ratelimitd_decisions_total).
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
+	resp, err := s.decide(ctx, req, start)
+	s.opts.Compat.Request(time.Since(start))
+	return resp, err
+}
+
+func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start time.Time) (*rlsv3.RateLimitResponse, error) {
 	if err := s.validate(req); err != nil {
 		s.m.InvalidRequest()
+		s.opts.Compat.ServiceError()
 		return nil, err
 	}
 	rules := s.rules.Load()
 	if rules == nil {
+		s.opts.Compat.ServiceError()
 		return nil, ErrNoRules
 	}
 	descs := req.GetDescriptors()
@@ -48,6 +58,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	dom := rules.Domain(req.GetDomain())
 	if dom == nil {
 		s.m.UnknownDomainRequest()
+		s.opts.Compat.DomainNotFound(req.GetDomain())
 	}
 	s.plan(req, dom, items)
 
@@ -57,7 +68,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			return nil, err
 		}
 	}
-	resp := s.respond(req.GetDomain(), items, checks, states)
+	resp := s.respond(req.GetDomain(), descs, items, checks, states)
 	s.m.Request(resp.GetOverallCode().String(), time.Since(start))
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "decision", "domain", req.GetDomain(), "descriptors", len(descs),
@@ -176,6 +187,7 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 		return fmt.Errorf("%w: %w", ErrCanceled, context.Canceled)
 	}
 	if err != nil {
+		s.opts.Compat.RedisError()
 		s.logFailure(ctx, err, len(send))
 		for c := range states {
 			if !states[c].cached {
@@ -239,8 +251,9 @@ func (s *Service) logFailure(ctx context.Context, err error, checks int) {
 
 // respond builds the response from the decided items and counts each
 // decision.
-func (s *Service) respond(domain string, items []item, checks []limit.Check, states []checkState) *rlsv3.RateLimitResponse {
+func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, items []item, checks []limit.Check, states []checkState) *rlsv3.RateLimitResponse {
 	now := s.now()
+	compat := s.compatRules.Load()
 	statuses := make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))
 	// One allocation each for the statuses, their limits and their
 	// durations, instead of three per descriptor.
@@ -291,10 +304,16 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 		}
 		cs := &states[it.check]
 		over, outcome := false, OutcomeOK
+		var stats *compatstats.Counters
+		if compat != nil && !it.refund {
+			stats = compat.For(domain, it.rule, descs[i].GetEntries())
+			stats.Total(it.hits)
+		}
 		switch {
 		case cs.cached:
 			over, outcome = true, OutcomeLocalCache
 			st.DurationUntilReset = ceilSeconds(&durs[i], cs.until.Sub(now))
+			stats.LocalCache(it.hits)
 		case cs.failed:
 			over, outcome = s.failureAnswer(it)
 		default:
@@ -304,6 +323,13 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 				if cs.read {
 					over = ch.Hits > cs.res.Remaining
 				}
+				// The counter's use before these hits: they were
+				// consumed only when the request was not refused.
+				before := cs.res.Used(uint64(it.rpu))
+				if !over && !cs.read {
+					before -= min(before, it.hits)
+				}
+				stats.Decided(it.hits, uint64(it.rpu), before, over)
 			}
 			if over {
 				outcome = OutcomeOverLimit
@@ -320,6 +346,7 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 		}
 		if over && it.shadow {
 			over, outcome = false, OutcomeShadow
+			stats.Shadow(it.hits)
 		}
 		s.m.Decision(domain, it.label, outcome)
 		explain(i, outcome)
@@ -345,6 +372,7 @@ func (s *Service) respond(domain string, items []item, checks []limit.Check, sta
 		if s.opts.ShadowMode {
 			resp.OverallCode = rlsv3.RateLimitResponse_OK
 			s.m.ShadowRequest()
+			s.opts.Compat.GlobalShadow()
 		}
 	}
 	if s.opts.ResponseHeaders != HeadersOff {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
@@ -96,6 +97,10 @@ type Options struct {
 	DetailedMetricCap int
 	// Metrics receives decision counters. Nil records nothing.
 	Metrics *metrics.Metrics
+	// Compat counts every decision under envoyproxy/ratelimit's stat
+	// names too (statsd, and Prometheus through its mapping). Nil counts
+	// nothing.
+	Compat *compatstats.Stats
 	// Logger receives fail-open warnings (at most one a second) and, at
 	// debug level, one line per request. Nil discards.
 	Logger *slog.Logger
@@ -115,7 +120,8 @@ type Service struct {
 	now   func() time.Time
 	m     *metrics.Metrics
 
-	detailed detailedLabels
+	detailed    detailedLabels
+	compatRules atomic.Pointer[compatstats.Rules]
 
 	lastFailLog atomic.Int64 // unix ns of the last fail-open log line
 }
@@ -155,6 +161,7 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	}
 	s.detailed.cap = opts.DetailedMetricCap
 	s.rules.Store(rules)
+	s.compatRules.Store(opts.Compat.ForRules(rules))
 	return s
 }
 
@@ -162,6 +169,7 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 // it returns, and empties the over-limit cache: a changed limit makes its
 // entries suspect.
 func (s *Service) SetRules(rules *config.Snapshot) {
+	s.compatRules.Store(s.opts.Compat.ForRules(rules))
 	s.rules.Store(rules)
 	s.detailed.reset()
 	if s.cache != nil {

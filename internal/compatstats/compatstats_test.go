@@ -1,0 +1,271 @@
+package compatstats
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	"go.uber.org/goleak"
+
+	"github.com/ratelimitd/ratelimitd/config"
+)
+
+// TestMain fails the package's tests if any goroutine outlives them, but
+// for gostats' connecting goroutine, which it gives no way to end.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/lyft/gostats.(*netSink).run"))
+}
+
+func entries(kv ...string) []*rlcommon.RateLimitDescriptor_Entry {
+	var out []*rlcommon.RateLimitDescriptor_Entry
+	for i := 0; i+1 < len(kv); i += 2 {
+		out = append(out, &rlcommon.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return out
+}
+
+// TestPaths: the key path of each way the incumbent names a rule's stats.
+func TestPaths(t *testing.T) {
+	snap, err := config.Parse("t", []byte(`domain: d
+descriptors:
+  - key: plain
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: path
+    value: "/api/*"
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: v2m
+    value_to_metric: true
+    descriptors:
+      - key: sub
+        value: "x*"
+        value_to_metric: true
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: shared
+    value: "s*"
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: det
+    descriptors:
+      - key: leaf
+        detailed_metric: true
+        rate_limit: {unit: second, requests_per_unit: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dom := snap.Domain("d")
+	for _, c := range []struct {
+		ents []*rlcommon.RateLimitDescriptor_Entry
+		want string
+	}{
+		{entries("plain", "anything"), "d.plain"},
+		{entries("path", "/api/users"), "d.path_/api/*"},
+		{entries("v2m", "a", "sub", "xyz"), "d.v2m_a.sub_xyz"},
+		{entries("shared", "s123"), "d.shared_s*"},
+		{entries("det", "u", "leaf", "l1"), "d.det_u.leaf_l1"},
+	} {
+		r := dom.Match(c.ents)
+		if r == nil {
+			t.Fatalf("%v matches no rule", c.ents)
+		}
+		got := r.Path
+		if dynamic(r) {
+			got = pathOf("d", r, c.ents)
+		}
+		if got != c.want {
+			t.Errorf("%v: path %q, want %q", c.ents, got, c.want)
+		}
+	}
+	if got := pathOf("d", nil, entries("k1", "v1", "k2", "")); got != "d.k1_v1.k2" {
+		t.Errorf("override path %q", got)
+	}
+	if got := Sanitize("d.k_a:b|c\nd"); got != "d.k_a_b_c_d" {
+		t.Errorf("Sanitize: %q", got)
+	}
+}
+
+// TestNameCap: request values add at most NameCap names per rule; later
+// ones count under the rule's own path, overrides not at all.
+func TestNameCap(t *testing.T) {
+	s, err := New(Options{NameCap: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	snap, err := config.Parse("t", []byte("domain: d\ndescriptors:\n  - key: ip\n    detailed_metric: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := s.ForRules(snap)
+	r := snap.Domain("d").Match(entries("ip", "1"))
+	seen := map[*Counters]bool{}
+	for i := range 50 {
+		seen[rs.For("d", r, entries("ip", string(rune('a'+i))))] = true
+	}
+	if len(seen) != 4 || !seen[rs.static[r]] {
+		t.Errorf("%d distinct counters for 50 values, want 3 and the rule's own", len(seen))
+	}
+	overrides := 0
+	for i := range 50 {
+		if rs.For("d", nil, entries("o", string(rune('a'+i)))) != nil {
+			overrides++
+		}
+	}
+	if overrides != 3 {
+		t.Errorf("%d overrides counted, want 3", overrides)
+	}
+	for i := range 50 {
+		s.DomainNotFound(string(rune('a' + i)))
+	}
+	if len(s.unknown) != 3 {
+		t.Errorf("%d unknown domains named, want 3", len(s.unknown))
+	}
+}
+
+// TestBadSinks: an address that does not resolve, a port that is not one
+// and a mapping that does not parse are errors at once.
+func TestBadSinks(t *testing.T) {
+	for _, o := range []Options{
+		{StatsdAddr: "no-such-host.invalid:8125"},
+		{StatsdAddr: "localhost:http"},
+		{StatsdAddr: "localhost"},
+		{StatsdAddr: "localhost:8125", StatsdProtocol: "sctp"},
+	} {
+		if _, err := New(o); err == nil {
+			t.Errorf("%+v: no error", o)
+		}
+	}
+	if _, err := New(Options{StatsdAddr: "no-such-host.invalid:8125"}); !errors.Is(err, ErrAddress) {
+		t.Errorf("unresolvable address: %v, want ErrAddress", err)
+	}
+	if _, err := New(Options{Prometheus: true, Mapping: "mappings:\n  - match: [\n"}); err == nil || !strings.Contains(err.Error(), "statsd_exporter mapping") {
+		t.Errorf("bad mapping: %v", err)
+	}
+	// The incumbent's own file says timer_type: it is read.
+	s, err := New(Options{Prometheus: true, Mapping: "mappings:\n  - match: \"ratelimit_server.*.response_time\"\n    name: \"rt\"\n    timer_type: histogram\n    labels: {grpc_method: \"$1\"}\n"})
+	if err != nil {
+		t.Fatalf("mapping with timer_type: %v", err)
+	}
+	s.Request(3 * time.Millisecond)
+	mfs, err := s.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() == "rt" && len(mf.GetMetric()) == 1 && mf.GetMetric()[0].GetHistogram().GetSampleCount() == 1 {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("the mapping's rt histogram did not observe the request")
+	}
+	s.Close()
+}
+
+// TestStuckSink: a statsd server that accepts and never reads (or one
+// that is not there) never slows the counting a request does: each call
+// returns at once, the failure is counted, and Close returns.
+func TestStuckSink(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c // held open, never read
+		}
+	}()
+	defer func() {
+		lis.Close()
+		for c := range accepted {
+			c.Close()
+		}
+	}()
+	closed, _ := net.Listen("tcp", "127.0.0.1:0")
+	deadAddr := closed.Addr().String()
+	closed.Close()
+
+	for _, addr := range []string{lis.Addr().String(), deadAddr} {
+		var errs atomic.Int64
+		s, err := New(Options{StatsdAddr: addr, FlushInterval: 5 * time.Millisecond, OnSinkError: func(string) { errs.Add(1) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { s.Run(); close(done) }()
+		snap, _ := config.Parse("t", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10}\n"))
+		rs := s.ForRules(snap)
+		r := snap.Domain("d").Match(entries("k", "v"))
+		// About 20 MB of timer lines: far past what the socket buffers
+		// and gostats' queue hold.
+		var slowest time.Duration
+		for i := range 400_000 {
+			start := time.Now()
+			s.Request(time.Duration(i) * time.Microsecond)
+			c := rs.For("d", r, nil)
+			c.Total(1)
+			c.Decided(1, 10, uint64(i%12), i%12 >= 10)
+			slowest = max(slowest, time.Since(start))
+		}
+		// Generous for a busy 2-core machine; a blocked write would take
+		// the sink's 1 s write timeout.
+		if slowest > 500*time.Millisecond {
+			t.Errorf("%s: a counting call took %v", addr, slowest)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for errs.Load() == 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if errs.Load() == 0 {
+			t.Errorf("%s: no sink failure counted", addr)
+		}
+		start := time.Now()
+		s.Close()
+		<-done
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("%s: Close took %v", addr, d)
+		}
+	}
+}
+
+// BenchmarkCount is the request path's counting: the rule's counters
+// found, a decision counted and the request timed, with statsd and the
+// Prometheus sink on.
+//
+//	go test -run XXX -bench Count -benchmem ./internal/compatstats/
+func BenchmarkCount(b *testing.B) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pc.Close()
+	s, err := New(Options{StatsdAddr: pc.LocalAddr().String(), StatsdProtocol: "udp", Prometheus: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	snap, _ := config.Parse("t", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10}\n"))
+	rs := s.ForRules(snap)
+	ents := entries("k", "v")
+	r := snap.Domain("d").Match(ents)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		c := rs.For("d", r, ents)
+		c.Total(1)
+		c.Decided(1, 10, uint64(i%12), i%12 >= 10)
+		s.Request(250 * time.Microsecond)
+	}
+}
