@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -243,14 +242,8 @@ func TestIncumbentStats(t *testing.T) {
 // sorted: ratelimit_service_*, with the response time as its count only.
 func promLines(t *testing.T, addr string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
 	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range strings.Split(get(t, "http://"+addr+"/metrics"), "\n") {
 		if !strings.HasPrefix(l, "ratelimit_service_") || strings.HasPrefix(l, "ratelimit_service_response_time_seconds_") && !strings.Contains(l, "_count") {
 			continue
 		}
@@ -264,13 +257,7 @@ func promLines(t *testing.T, addr string) string {
 // absent.
 func scrapeAt(t *testing.T, url, metric string) string {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range strings.Split(get(t, url), "\n") {
 		if name, v, ok := strings.Cut(l, " "); ok && name == metric {
 			return v
 		}
