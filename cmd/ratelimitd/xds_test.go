@@ -120,17 +120,7 @@ func TestRulesOverXDS(t *testing.T) {
 // (and with --xds-start-without-rules the service answers meanwhile).
 func TestRulesOverXDSTLS(t *testing.T) {
 	certs, other := redistest.NewCerts(t), redistest.NewCerts(t)
-	serverTLS := func(c *redistest.Certs) grpc.ServerOption {
-		pair, err := tls.LoadX509KeyPair(c.ServerCert, c.ServerKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool := x509.NewCertPool()
-		pem, _ := os.ReadFile(certs.CA)
-		pool.AppendCertsFromPEM(pem)
-		return grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool,
-			ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}))
-	}
+	serverTLS := func(c *redistest.Certs) grpc.ServerOption { return mtlsServer(t, c, certs.CA) }
 	args := func(addr string) []string {
 		return []string{"--xds-server", addr, "--xds-tls-ca", certs.CA, "--xds-tls-cert", certs.ClientCert,
 			"--xds-tls-key", certs.ClientKey, "--xds-backoff-initial", "20ms", "--xds-backoff-max", "100ms"}
@@ -162,4 +152,22 @@ func TestRulesOverXDSTLS(t *testing.T) {
 	if !strings.Contains(in.log.String(), "certificate signed by unknown authority") {
 		t.Errorf("the refused certificate is not logged:\n%s", in.log.String())
 	}
+}
+
+// mtlsServer is a gRPC server option serving c's server certificate and
+// requiring client certificates that clientCA signs.
+func mtlsServer(t *testing.T, c *redistest.Certs, clientCA string) grpc.ServerOption {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(c.ServerCert, c.ServerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pem, err := os.ReadFile(clientCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.AppendCertsFromPEM(pem)
+	return grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool,
+		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}))
 }

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/xdstest"
+)
+
+// TestImageSwap runs ratelimitd as Envoy Gateway runs envoyproxy/ratelimit:
+// a binary named ratelimit, no arguments, and only the environment Envoy
+// Gateway's rate-limit Deployment sets (rules over xDS with mTLS, gRPC
+// over TLS, statsd to the exporter beside it, Redis by host:port). It
+// serves /healthcheck on PORT, takes a set holding a MONTH policy (which
+// a v0.1.0 client once NACKed, freezing every update), enforces an
+// unrelated policy of the same set, and sends the incumbent's stats.
+func TestImageSwap(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "ratelimit")
+	if err := os.Symlink(exe, bin); err != nil {
+		t.Fatal(err)
+	}
+	rds := redistest.Start(t)
+	certs := redistest.NewCerts(t)
+	mgmt := xdstest.Start(t, "127.0.0.1:0", mtlsServer(t, certs, certs.CA))
+	mgmt.Set("envoy-ratelimit", "1",
+		&rlsconf.RateLimitConfig{Name: "monthly", Domain: "gw-monthly", Descriptors: []*rlsconf.RateLimitDescriptor{
+			{Key: "route", RateLimit: &rlsconf.RateLimitPolicy{Unit: 5, RequestsPerUnit: 1000}}}},
+		&rlsconf.RateLimitConfig{Name: "hourly", Domain: "gw", Descriptors: []*rlsconf.RateLimitDescriptor{
+			{Key: "ip", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_HOUR, RequestsPerUnit: 5}}}})
+	sd := startStatsd(t, "tcp")
+	statsdHost, statsdPort, _ := net.SplitHostPort(sd.addr)
+	_, httpPort, _ := net.SplitHostPort(freeAddr(t))
+	_, grpcPort, _ := net.SplitHostPort(freeAddr(t))
+
+	cmd := exec.Command(bin)
+	cmd.Env = []string{
+		"RATELIMITD_TEST_AS_MAIN=1", "PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(),
+		// Envoy Gateway's Deployment, as it writes it:
+		"RUNTIME_ROOT=/data", "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true", "RUNTIME_WATCH_ROOT=false",
+		"LOG_LEVEL=info", "USE_STATSD=true", "STATSD_PORT=" + statsdPort, "CONFIG_TYPE=GRPC_XDS_SOTW",
+		"CONFIG_GRPC_XDS_SERVER_URL=" + mgmt.Addr, "CONFIG_GRPC_XDS_NODE_ID=envoy-ratelimit",
+		"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=" + certs.ServerCert, "GRPC_SERVER_TLS_KEY=" + certs.ServerKey,
+		"GRPC_SERVER_TLS_CA_CERT=" + certs.CA, "CONFIG_GRPC_XDS_SERVER_USE_TLS=true",
+		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT=" + certs.ClientCert, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY=" + certs.ClientKey,
+		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + certs.CA, "FORCE_START_WITHOUT_INITIAL_CONFIG=true",
+		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + rds.Addr(),
+		// Only what a test must change: free ports, the statsd host, a
+		// short flush so the stats show within the test.
+		"HOST=127.0.0.1", "PORT=" + httpPort, "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort,
+		"STATSD_HOST=" + statsdHost, "STATS_FLUSH_INTERVAL=100ms",
+	}
+	var log syncBuffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Errorf("ratelimit exited with %v\n%s", err, log.String())
+			}
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Errorf("ratelimit still running 20 s after SIGTERM\n%s", log.String())
+		}
+	})
+	getWithin(t, "http://127.0.0.1:"+httpPort+"/healthcheck", &log)
+
+	pool := x509.NewCertPool()
+	pem, _ := os.ReadFile(certs.CA)
+	pool.AppendCertsFromPEM(pem)
+	cc, err := grpc.NewClient("127.0.0.1:"+grpcPort, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	client := rlsv3.NewRateLimitServiceClient(cc)
+	ask := func(domain, key, value string) (*rlsv3.RateLimitResponse, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlcommon.RateLimitDescriptor{desc(key, value)}})
+	}
+	// Rules come over xDS after the service started (FORCE_START_...).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r, err := ask("gw-monthly", "route", "r1")
+		if err == nil && r.GetStatuses()[0].GetCurrentLimit().GetUnit() == rlsv3.RateLimitResponse_RateLimit_MONTH {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the MONTH policy is not served: %v %v\n%s", r, err, log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	redistest.AwayFromHourEnd(5 * time.Second)
+	ok := 0
+	for range 8 {
+		r, err := ask("gw", "ip", "10.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+			ok++
+		}
+	}
+	if ok != 5 {
+		t.Errorf("%d of 8 admitted by the 5/hour policy, want 5", ok)
+	}
+	eventually20s(t, "the incumbent's stats at the statsd server", func() error {
+		if !sd.has("ratelimit.service.rate_limit.gw.ip.over_limit") || !sd.has("ratelimit_server.ShouldRateLimit.total_requests") {
+			return fmt.Errorf("got:\n%s", sd.lines())
+		}
+		return nil
+	})
+}
+
+// eventually20s retries ok for up to 20 s, for what a busy machine may
+// take seconds to show.
+func eventually20s(t *testing.T, what string, ok func() error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := ok()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestEnvFor: under the incumbent's name the environment is read as the
+// incumbent's unless RATELIMITD_ENV_COMPAT says otherwise; under any
+// other name nothing changes.
+func TestEnvFor(t *testing.T) {
+	for _, c := range []struct {
+		argv0, set, want string
+	}{
+		{"/bin/ratelimit", "", "envoyproxy"},
+		{"ratelimit.exe", "", "envoyproxy"},
+		{"/bin/ratelimit", "none", "none"},
+		{"/ratelimitd", "", ""},
+		{"/usr/local/bin/ratelimitd", "envoyproxy", "envoyproxy"},
+	} {
+		got := envFor(c.argv0, env(map[string]string{envPrefix + "ENV_COMPAT": c.set, "PORT": "1"}))
+		if v := got(envPrefix + "ENV_COMPAT"); v != c.want {
+			t.Errorf("%s with %q: %q, want %q", c.argv0, c.set, v, c.want)
+		}
+		if got("PORT") != "1" {
+			t.Errorf("%s: other variables changed", c.argv0)
+		}
+	}
+	// none turns it off: the incumbent's variables then mean nothing.
+	if _, err := parseSettings(nil, envFor("/bin/ratelimit", env(map[string]string{envPrefix + "ENV_COMPAT": "none", "RUNTIME_SUBDIRECTORY": "x"})), io.Discard); err == nil || !strings.Contains(err.Error(), "--config is required") {
+		t.Errorf("ENV_COMPAT=none: %v", err)
+	}
+}
