@@ -17,7 +17,7 @@ import (
 var semanticOnly = map[string]string{
 	"duplicate_key.bad.yaml":      "the same descriptor twice at one level",
 	"duplicate_key_only.bad.yaml": "the same key-only descriptor twice at one level",
-	"multi_doc.bad.yaml":          "a second YAML document",
+	"multi_doc.bad.yaml":          "an empty key in the second YAML document, past the one document a schema sees",
 	"replaces_self.bad.yaml":      "a limit replacing its own name",
 }
 

@@ -139,7 +139,10 @@ func (r *Rule) IsWildcard() bool { return r.wildcard != nil }
 // Domain is the compiled rules of one domain.
 type Domain struct {
 	Name string
-	File string
+	// ConfigName is the document's top-level name (a RateLimitConfig's
+	// name, as generators write it), "" when it has none.
+	ConfigName string
+	File       string
 	root *level
 	// rules in file order, depth first, for dumps.
 	rules []*Rule

@@ -36,7 +36,7 @@ func TestBadConfigs(t *testing.T) {
 		{"non_map_list.bad.yaml", []string{":2: descriptors[0]: want a mapping, got str"}},
 		{"descriptors_map.bad.yaml", []string{":3: descriptors: want a list of descriptors, got a mapping"}},
 		{"share_threshold_no_wildcard.bad.yaml", []string{":5: descriptors[0].share_threshold: share_threshold needs a wildcard value"}},
-		{"multi_doc.bad.yaml", []string{":4: a second YAML document"}},
+		{"multi_doc.bad.yaml", []string{":7: descriptors[0].key: missing or empty key"}},
 		{"unlimited_lease.bad.yaml", []string{":6: descriptors[0].rate_limit.lease: an unlimited rule has nothing to lease"}},
 		{"bad_bool.bad.yaml", []string{`:4: descriptors[0].shadow_mode: want true or false, got str "yes please"`}},
 		{"empty.bad.yaml", []string{"empty.bad.yaml: empty file"}},
@@ -293,5 +293,57 @@ func TestAlgorithms(t *testing.T) {
 	}
 	if !strings.Contains(snap.Dump(), "algos.bucket: unit=second requests_per_unit=10 algorithm=token_bucket burst=20") {
 		t.Errorf("Dump:\n%s", snap.Dump())
+	}
+}
+
+// TestGeneratorOutput loads a file as a generator writes RateLimitConfigs
+// (Envoy Gateway's translator): several documents, each a domain, every
+// field written out, rate_limit: null meaning no limit, upper-case units.
+// The incumbent loads only the first document of such a file.
+func TestGeneratorOutput(t *testing.T) {
+	snap, err := Load("testdata/generator.good.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := snap.Domains(); len(got) != 2 || got[0] != "first-listener" || got[1] != "test-namespace/test-policy-1" {
+		t.Fatalf("domains %v", got)
+	}
+	for _, c := range []struct {
+		domain string
+		ents   []string
+		unit   Unit
+		rpu    uint32
+		line   int
+	}{
+		{"first-listener", []string{"first-route", "", "rule-0-match-0", "rule-0-match-0"}, UnitMonth, 5, 11},
+		{"first-listener", []string{"second-route", "", "rule-0-match-0", "rule-0-match-0"}, UnitYear, 1, 34},
+		{"test-namespace/test-policy-1", []string{"test-namespace/test-policy-1/rule/0", "test-namespace/test-policy-1/rule/0", "rule-0-match-0", "rule-0-match-0"}, UnitWeek, 5, 55},
+	} {
+		d := snap.Domain(c.domain)
+		r := d.Match(entries(c.ents...))
+		if r == nil || r.Limit == nil || r.Limit.Unit != c.unit || r.Limit.RequestsPerUnit != c.rpu || r.Line != c.line {
+			t.Errorf("%s %v: %+v", c.domain, c.ents, r)
+			continue
+		}
+		if p := r.Parent(); p.Limit != nil {
+			t.Errorf("%s: rate_limit: null gave a limit %+v", p.Path, p.Limit)
+		}
+	}
+	if d := snap.Domain("first-listener"); d.ConfigName != "first-listener" {
+		t.Errorf("config name %q", d.ConfigName)
+	}
+	// One domain twice in one file is the error two files make.
+	_, err = Parse("two.yaml", []byte("domain: d\n---\ndomain: d\n"))
+	if err == nil || !strings.Contains(err.Error(), `duplicate domain "d"`) {
+		t.Errorf("a domain twice: %v", err)
+	}
+	// Strictness stays: a misspelled field in a later document.
+	_, err = Parse("typo.yaml", []byte("domain: a\n---\ndomain: b\ndescriptor: []\n"))
+	if err == nil || !strings.Contains(err.Error(), `typo.yaml:4: unknown field "descriptor"`) {
+		t.Errorf("typo in the second document: %v", err)
+	}
+	// Comments and '---' alone are no domain.
+	if _, err := Parse("empty.yaml", []byte("---\n# nothing\n---\n")); err == nil || !strings.Contains(err.Error(), "empty file") {
+		t.Errorf("documents without a domain: %v", err)
 	}
 }

@@ -92,20 +92,22 @@ func LoadDocs(ctx context.Context, opts Options, docs []Doc) (*Snapshot, error) 
 		snap.Files = append(snap.Files, doc.Name)
 		fmt.Fprintf(h, "%s\x00%d\x00", doc.Name, len(doc.Data))
 		h.Write(doc.Data)
-		d, err := parseDoc(ctx, doc)
+		ds, err := parseDoc(ctx, doc)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if prev, dup := snap.domains[d.Name]; dup {
-			if !opts.MergeDomains {
-				errs = append(errs, &Error{File: doc.Name, Msg: fmt.Sprintf("duplicate domain %q (already defined in %s; --merge-domains merges them)", d.Name, prev.File)})
+		for _, d := range ds {
+			if prev, dup := snap.domains[d.Name]; dup {
+				if !opts.MergeDomains {
+					errs = append(errs, &Error{File: doc.Name, Msg: fmt.Sprintf("duplicate domain %q (already defined in %s; --merge-domains merges them)", d.Name, prev.File)})
+					continue
+				}
+				errs = append(errs, prev.merge(d)...)
 				continue
 			}
-			errs = append(errs, prev.merge(d)...)
-			continue
+			snap.domains[d.Name] = d
 		}
-		snap.domains[d.Name] = d
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -117,13 +119,7 @@ func LoadDocs(ctx context.Context, opts Options, docs []Doc) (*Snapshot, error) 
 // Parse compiles one rules document held in memory; name stands for the
 // file in errors. It is what [Load] does for each file.
 func Parse(name string, data []byte) (*Snapshot, error) {
-	d, err := parseDoc(context.Background(), Doc{Name: name, Data: data, Lines: true})
-	if err != nil {
-		return nil, err
-	}
-	sum := sha256.Sum256(data)
-	return &Snapshot{domains: map[string]*Domain{d.Name: d}, Files: []string{name},
-		Hash: hex.EncodeToString(sum[:]), LoadedAt: time.Now()}, nil
+	return LoadDocs(context.Background(), Options{}, []Doc{{Name: name, Data: data, Lines: true}})
 }
 
 func readFile(f string) ([]byte, error) {

@@ -90,37 +90,45 @@ func (p *parser) err() error {
 	return errors.Join(p.errs...)
 }
 
-// parseDoc parses one rules document into an uncompiled domain, within
-// the bounds of limits.go; it stops early when ctx is done.
-func parseDoc(ctx context.Context, in Doc) (*Domain, error) {
+// parseDoc parses a rules file into its uncompiled domains, one for each
+// YAML document ('---' separates them, as generators write several
+// RateLimitConfigs to one file), within the bounds of limits.go, which
+// hold for the file as a whole; it stops early when ctx is done.
+func parseDoc(ctx context.Context, in Doc) ([]*Domain, error) {
 	file, data := in.Name, in.Data
 	p := &parser{ctx: ctx, file: file, noLines: !in.Lines}
 	if n := estimateNodes(data); n > MaxYAMLNodes {
 		return nil, &Error{File: file, Msg: fmt.Sprintf("too large: up to %d YAML nodes, more than the %d allowed", n, MaxYAMLNodes)}
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
+	var domains []*Domain
+	for !p.stopped {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
 		if errors.Is(err, io.EOF) {
-			return nil, &Error{File: file, Msg: "empty file: a rules file needs a domain"}
+			break
 		}
-		return nil, &Error{File: file, Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+		if err != nil {
+			return nil, &Error{File: file, Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+		}
+		root := &doc
+		if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+			root = root.Content[0]
+		}
+		if root.Kind == yaml.DocumentNode || root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+			continue // an empty document: a leading or trailing '---'
+		}
+		if d := p.domain(root); d != nil {
+			domains = append(domains, d)
+		}
 	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); err == nil {
-		return nil, &Error{File: file, Line: p.line(&extra), Msg: "a second YAML document ('---'): put one domain in each file"}
-	} else if !errors.Is(err, io.EOF) {
-		return nil, &Error{File: file, Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
-	}
-	root := &doc
-	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
-		root = root.Content[0]
-	}
-	d := p.domain(root)
 	if err := p.err(); err != nil {
 		return nil, err
 	}
-	return d, nil
+	if len(domains) == 0 {
+		return nil, &Error{File: file, Msg: "empty file: a rules file needs a domain"}
+	}
+	return domains, nil
 }
 
 // fields checks that n is a mapping with unique, known, string keys and
@@ -164,11 +172,16 @@ func (p *parser) fields(n *yaml.Node, path string, known ...string) map[string]*
 }
 
 func (p *parser) domain(n *yaml.Node) *Domain {
-	f := p.fields(n, "", "domain", "descriptors")
+	// name is a RateLimitConfig's own name, which generators write out;
+	// the domain is what identifies the rules.
+	f := p.fields(n, "", "domain", "descriptors", "name")
 	if f == nil {
 		return nil
 	}
 	d := &Domain{File: p.file}
+	if v, ok := f["name"]; ok {
+		d.ConfigName, _ = p.str(v, "name")
+	}
 	if v, ok := f["domain"]; ok {
 		d.Name, _ = p.str(v, "domain")
 	}
@@ -300,7 +313,9 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 	if v, ok := f["metadata"]; ok {
 		r.Metadata = p.metadata(v, path+".metadata")
 	}
-	if v, ok := f["rate_limit"]; ok {
+	// rate_limit: null is no limit, as a RateLimitConfig without a
+	// policy means (generators write it out).
+	if v, ok := f["rate_limit"]; ok && !(v.Kind == yaml.ScalarNode && v.Tag == "!!null") {
 		r.Limit = p.rateLimit(v, path+".rate_limit")
 	}
 	d.rules = append(d.rules, r)
