@@ -143,7 +143,7 @@ type Domain struct {
 	// name, as generators write it), "" when it has none.
 	ConfigName string
 	File       string
-	root *level
+	root       *level
 	// rules in file order, depth first, for dumps.
 	rules []*Rule
 }
