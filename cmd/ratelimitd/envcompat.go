@@ -5,9 +5,12 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 )
 
 // envSetting is one of envoyproxy/ratelimit's environment variables, as
@@ -56,8 +59,6 @@ var envoyproxySettings = []envSetting{
 	{name: "RUNTIME_IGNOREDOTFILES", ignore: "dot files are always skipped"},
 	{name: "EXTRA_TAGS", flag: "statsd-tags"},
 	{name: "STATS_FLUSH_INTERVAL", flag: "stats-flush-interval"},
-	{name: "USE_DOG_STATSD", ok: []string{"false"}, refuse: "DogStatsD is not supported: use USE_STATSD (statsd over TCP or UDP) or USE_PROMETHEUS"},
-	{name: "USE_DOG_STATSD_MOGRIFIERS", ignore: "DogStatsD is not supported"},
 	{name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", ok: []string{"false"}, refuse: "the response time histogram is in seconds (the mapping's scale: 0.001), as the incumbent's default"},
 	{name: "GRPC_SERVER_TLS_CA_CERT", ignore: "not a variable envoyproxy/ratelimit reads (it verifies clients with GRPC_CLIENT_TLS_CACERT), so not one ratelimitd reads either"},
 	{name: "REDIS_POOL_SIZE", ignore: "one batching connection per Redis serves every request (--redis-dispatchers)"},
@@ -282,13 +283,17 @@ func envoyproxyStats(getenv func(string) string, set func(flag, v string)) error
 	if err != nil {
 		return err
 	}
-	statsd := !prom
+	dog, err := isTrue("USE_DOG_STATSD")
+	if err != nil {
+		return err
+	}
+	statsd := !prom || dog
 	if v := getenv("USE_STATSD"); v != "" {
 		if statsd, err = isTrue("USE_STATSD"); err != nil {
 			return err
 		}
 	}
-	if statsd {
+	if statsd || dog {
 		host, port := getenv("STATSD_HOST"), getenv("STATSD_PORT")
 		if host == "" {
 			host = "localhost"
@@ -297,8 +302,12 @@ func envoyproxyStats(getenv func(string) string, set func(flag, v string)) error
 			port = "8125"
 		}
 		set("statsd-addr", net.JoinHostPort(host, port))
-		if p := getenv("STATSD_PROTOCOL"); p != "" {
+		if p := getenv("STATSD_PROTOCOL"); p != "" && !dog {
 			set("statsd-protocol", strings.ToLower(p))
+		}
+		if dog {
+			set("dogstatsd", "true")
+			set("statsd-protocol", "udp")
 		}
 	}
 	if prom {
@@ -315,4 +324,35 @@ func envoyproxyStats(getenv func(string) string, set func(flag, v string)) error
 		}
 	}
 	return nil
+}
+
+// envoyproxyMogrifiers reads the incumbent's DogStatsD mogrifiers:
+// USE_DOG_STATSD_MOGRIFIERS=A,B names them, and DOG_STATSD_MOGRIFIER_A_
+// PATTERN (a regular expression), _NAME and _TAGS (k:v,k2:v2; $N in
+// either stands for the pattern's groups) define each. They apply in the
+// order named.
+func envoyproxyMogrifiers(getenv func(string) string) ([]compatstats.Mogrifier, error) {
+	names := getenv("USE_DOG_STATSD_MOGRIFIERS")
+	if names == "" {
+		return nil, nil
+	}
+	var out []compatstats.Mogrifier
+	for _, n := range strings.Split(names, ",") {
+		n = strings.TrimSpace(n)
+		prefix := "DOG_STATSD_MOGRIFIER_" + n + "_"
+		pattern, name := getenv(prefix+"PATTERN"), getenv(prefix+"NAME")
+		if pattern == "" || name == "" {
+			return nil, fmt.Errorf("--env-compat=envoyproxy: mogrifier %s needs %sPATTERN and %sNAME", n, prefix, prefix)
+		}
+		re, err := regexp.Compile(pattern)
+		if err != nil {
+			return nil, fmt.Errorf("--env-compat=envoyproxy: %sPATTERN: %w", prefix, err)
+		}
+		tags, err := parsePairs(getenv(prefix + "TAGS"))
+		if err != nil {
+			return nil, fmt.Errorf("--env-compat=envoyproxy: %sTAGS: %w", prefix, err)
+		}
+		out = append(out, compatstats.Mogrifier{Pattern: re, Name: name, Tags: tags})
+	}
+	return out, nil
 }

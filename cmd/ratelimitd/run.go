@@ -380,7 +380,8 @@ func newCompatStats(s *settings, m *metrics.Metrics, log *slog.Logger) (*compats
 	}
 	tags, _ := parsePairs(st.tags) // checked with the flags
 	opts := compatstats.Options{
-		StatsdAddr: st.statsdAddr, StatsdProtocol: st.statsdProtocol, Tags: tags, FlushInterval: st.flushInterval,
+		StatsdAddr: st.statsdAddr, StatsdProtocol: st.statsdProtocol, DogStatsd: st.dogstatsd, Mogrifiers: st.mogrifiers,
+		Tags: tags, FlushInterval: st.flushInterval,
 		Prometheus: st.compatAddr != "", NearLimitRatio: s.nearLimitRatio, OnSinkError: m.StatsSinkError, Logger: log,
 	}
 	if st.mapper != "" {

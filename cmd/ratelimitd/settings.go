@@ -74,6 +74,8 @@ type settings struct {
 // names: statsd and a Prometheus endpoint of their own.
 type statsSettings struct {
 	statsdAddr, statsdProtocol, tags string
+	dogstatsd                        bool
+	mogrifiers                       []compatstats.Mogrifier // from --env-compat's DOG_STATSD_MOGRIFIER_*
 	flushInterval                    time.Duration
 	compatAddr, compatPath, mapper   string
 }
@@ -160,6 +162,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&s.drainDelay, "drain-delay", 0, "on SIGTERM, keep serving this long with health NOT_SERVING before stopping")
 	fs.StringVar(&s.stats.statsdAddr, "statsd-addr", "", "send envoyproxy/ratelimit's stats, under its names, to this statsd server (host:port); empty: none")
 	fs.StringVar(&s.stats.statsdProtocol, "statsd-protocol", "tcp", "tcp or udp, for --statsd-addr")
+	fs.BoolVar(&s.stats.dogstatsd, "dogstatsd", false, "send to --statsd-addr in DogStatsD form (UDP, tags as |#k:v) with DataDog's client")
 	fs.StringVar(&s.stats.tags, "statsd-tags", "", "tags on every envoyproxy/ratelimit stat, k:v,k2:v2 (gostats' .__k=v in statsd names; labels on --compat-metrics-addr)")
 	fs.DurationVar(&s.stats.flushInterval, "stats-flush-interval", compatstats.DefaultFlushInterval, "how often envoyproxy/ratelimit's stats are sent to --statsd-addr and --compat-metrics-addr")
 	fs.StringVar(&s.stats.compatAddr, "compat-metrics-addr", "", "serve envoyproxy/ratelimit's stats as Prometheus metrics under its names (ratelimit_service_rate_limit_*) on this address; empty: off")
@@ -180,6 +183,9 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		}
 		flags, password, ignored, err := envoyproxyEnv(getenv)
 		if err != nil {
+			return nil, err
+		}
+		if s.stats.mogrifiers, err = envoyproxyMogrifiers(getenv); err != nil {
 			return nil, err
 		}
 		for _, f := range flags {
@@ -256,6 +262,8 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, fmt.Errorf("--drain-delay must not be negative, got %v", s.drainDelay)
 	case s.stats.statsdProtocol != "tcp" && s.stats.statsdProtocol != "udp":
 		return nil, fmt.Errorf("--statsd-protocol %q: want tcp or udp", s.stats.statsdProtocol)
+	case s.stats.dogstatsd && s.stats.statsdAddr == "":
+		return nil, errors.New("--dogstatsd needs --statsd-addr")
 	case s.stats.flushInterval <= 0:
 		return nil, fmt.Errorf("--stats-flush-interval must be positive, got %v", s.stats.flushInterval)
 	case !strings.HasPrefix(s.stats.compatPath, "/"):

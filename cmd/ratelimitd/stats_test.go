@@ -83,7 +83,19 @@ func (s *statsdServer) read(r io.Reader) {
 		if !ok {
 			continue
 		}
-		val, typ, _ := strings.Cut(rest, "|")
+		// value|type, then DogStatsD's |#tags (kept, sorted, with the name).
+		parts := strings.Split(rest, "|")
+		if len(parts) < 2 {
+			continue
+		}
+		val, typ := parts[0], parts[1]
+		for _, p := range parts[2:] {
+			if tags, ok := strings.CutPrefix(p, "#"); ok {
+				t := strings.Split(tags, ",")
+				slices.Sort(t)
+				name += " #" + strings.Join(t, ",")
+			}
+		}
 		v, err := strconv.ParseFloat(val, 64)
 		if err != nil {
 			continue
@@ -263,4 +275,50 @@ func scrapeAt(t *testing.T, url, metric string) string {
 		}
 	}
 	return ""
+}
+
+// TestDogStatsd: with USE_DOG_STATSD the stats go to a DogStatsD agent
+// over UDP, EXTRA_TAGS as DogStatsD tags, renamed by the incumbent's
+// mogrifiers (here: the key path into tags, as DataDog users configure
+// it).
+func TestDogStatsd(t *testing.T) {
+	sd := startStatsd(t, "udp")
+	host, port, _ := net.SplitHostPort(sd.addr)
+	in := start(t, env(map[string]string{
+		"RATELIMITD_ENV_COMPAT":             "envoyproxy",
+		"USE_DOG_STATSD":                    "true",
+		"STATSD_HOST":                       host,
+		"STATSD_PORT":                       port,
+		"STATS_FLUSH_INTERVAL":              "50ms",
+		"EXTRA_TAGS":                        "env:test",
+		"USE_DOG_STATSD_MOGRIFIERS":         "RULE",
+		"DOG_STATSD_MOGRIFIER_RULE_PATTERN": `^ratelimit\.service\.rate_limit\.([^.]+)\.(.+)\.([a-z_]+)$`,
+		"DOG_STATSD_MOGRIFIER_RULE_NAME":    "ratelimit.service.rate_limit.$3",
+		"DOG_STATSD_MOGRIFIER_RULE_TAGS":    "domain:$1,descriptor:$2",
+	}), "--config", writeRules(t, statsRules))
+	statsTraffic(t, rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr)))
+	want := map[string]float64{
+		"ratelimit.service.rate_limit.total_hits #descriptor:k1,domain:gw,env:test":            7,
+		"ratelimit.service.rate_limit.over_limit #descriptor:route_r1.user,domain:gw,env:test": 1,
+		"ratelimit.service.rate_limit.shadow_mode #descriptor:sh,domain:gw,env:test":           1,
+		"ratelimit_server.ShouldRateLimit.total_requests #env:test":                            16,
+		"ratelimit_server.ShouldRateLimit.response_time #env:test":                             16,
+		"ratelimit.service.config_load_success #env:test":                                      1,
+	}
+	eventually20s(t, "DogStatsD stats", func() error {
+		sd.mu.Lock()
+		defer sd.mu.Unlock()
+		for name, v := range want {
+			if sd.sums[name] != v {
+				return fmt.Errorf("%s = %v, want %v; got %v", name, sd.sums[name], v, sd.sums)
+			}
+		}
+		return nil
+	})
+	// A mogrifier without a pattern is a startup error naming it.
+	err := run(context.Background(), nil, env(map[string]string{"RATELIMITD_ENV_COMPAT": "envoyproxy", "USE_DOG_STATSD": "true",
+		"USE_DOG_STATSD_MOGRIFIERS": "X", "DOG_STATSD_MOGRIFIER_X_NAME": "n"}), &syncBuffer{})
+	if err == nil || !strings.Contains(err.Error(), "DOG_STATSD_MOGRIFIER_X_PATTERN") {
+		t.Errorf("mogrifier without a pattern: %v", err)
+	}
 }

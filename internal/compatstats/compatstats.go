@@ -62,6 +62,11 @@ type Options struct {
 	StatsdAddr string
 	// StatsdProtocol is "tcp" (empty: the incumbent's default) or "udp".
 	StatsdProtocol string
+	// DogStatsd sends to StatsdAddr in DogStatsD form instead (UDP, tags
+	// as |#k:v), with DataDog's client, as the incumbent's USE_DOG_STATSD.
+	DogStatsd bool
+	// Mogrifiers rename stats for DogStatsD; the first that matches wins.
+	Mogrifiers []Mogrifier
 	// Tags are added to every name the way gostats does (.__k=v), as the
 	// incumbent's EXTRA_TAGS; the Prometheus sink turns them into labels.
 	Tags map[string]string
@@ -93,6 +98,7 @@ type Stats struct {
 	service   gostats.Scope
 	server    gostats.Scope
 	statsd    gostats.FlushableSink
+	dog       *dogSink
 	events    chan event.Events
 	exported  sync.WaitGroup
 	registry  *prometheus.Registry
@@ -201,11 +207,16 @@ func (s *Stats) newStatsd() (gostats.FlushableSink, error) {
 		return nil, fmt.Errorf("%w %q: %w", ErrAddress, s.opts.StatsdAddr, err)
 	}
 	proto := strings.ToLower(s.opts.StatsdProtocol)
-	switch proto {
-	case "":
+	switch {
+	case s.opts.DogStatsd && proto != "" && proto != "udp":
+		return nil, fmt.Errorf("statsd protocol %q: DogStatsD goes over udp", s.opts.StatsdProtocol)
+	case s.opts.DogStatsd:
+		d, err := s.newDogStatsd(host, port)
+		s.dog = d
+		return d, err
+	case proto == "":
 		proto = "tcp"
-	case "tcp", "udp":
-	default:
+	case proto != "tcp" && proto != "udp":
 		return nil, fmt.Errorf("statsd protocol %q: want tcp or udp", s.opts.StatsdProtocol)
 	}
 	for _, e := range gostatsEnv {
@@ -348,6 +359,9 @@ func (s *Stats) Close() {
 	select {
 	case <-done:
 	case <-time.After(3 * time.Second):
+	}
+	if s.dog != nil {
+		s.dog.close()
 	}
 	if s.events != nil {
 		s.pendingMu.Lock()
