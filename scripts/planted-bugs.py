@@ -81,6 +81,18 @@ muts = [
     ("60 decision metadata without reset_us","internal/service/decide.go","reasons[i].(map[string]any)[\"reset_us\"] = float64(max(us, 0))","_ = us","./cmd/ratelimitd","TestHealthcheckAndDebug"),
     ("61 idle grants never given back","internal/redisstore/lease.go","case g.avail > 0 && (all || idle ||","case g.avail > 0 && (all ||","./internal/redisstore","TestLeaseGiveBack"),
     ("62 xDS stream state not reported","internal/xds/xds.go","\ts.o.Metrics.XDSStream(true)\n","","./cmd/ratelimitd","TestRulesOverXDS$"),
+    ("63 near_limit counts every hit past the threshold's request","internal/compatstats/rules.go","c.nearLimit.Add(after - max(near, before))","c.nearLimit.Add(hits)","./internal/compatstats","TestCounting"),
+    ("64 over_limit counts every hit of a crossing request","internal/compatstats/rules.go","c.overLimit.Add(after - limit)","c.overLimit.Add(hits)","./internal/compatstats","TestCounting"),
+    ("65 stats names from request values uncapped","internal/compatstats/rules.go","if rs.perRule[r] >= rs.s.opts.NameCap {","if false {","./internal/compatstats","TestNameCap"),
+    ("66 shadow hits not counted","internal/service/decide.go","\t\t\tstats.Shadow(it.hits)\n","","./cmd/ratelimitd","TestIncumbentStats"),
+    ("67 local-cache answers not counted over","internal/compatstats/rules.go","\t\tc.overLimit.Add(hits)\n\t\tc.overLocal.Add(hits)","\t\tc.overLocal.Add(hits)","./internal/service","TestLocalCacheStats"),
+    ("68 later YAML documents dropped","config/parse.go","\t\t\tdomains = append(domains, d)\n","\t\t\tdomains = append(domains, d)\n\t\t\tbreak\n","./config","TestGeneratorOutput"),
+    ("69 rate_limit: null read as a limit","config/parse.go","if v, ok := f[\"rate_limit\"]; ok && !(v.Kind == yaml.ScalarNode && v.Tag == \"!!null\") {","if v, ok := f[\"rate_limit\"]; ok {","./config","TestGeneratorOutput"),
+    ("70 xDS units by v0.1.0's names","internal/xds/xds.go","\t\t\t\tl.Unit = unitName(p.GetUnit())","\t\t\t\tl.Unit = strings.ToLower(p.GetUnit().String())","./internal/xds","TestUnits"),
+    ("71 xDS quota_mode dropped","internal/xds/xds.go","\t\t\t\ty.QuotaMode = quota","\t\t\t\t_ = quota","./internal/xds","TestUnits"),
+    ("72 run as ratelimit, the incumbent's environment ignored","cmd/ratelimitd/main.go","if strings.TrimSuffix(filepath.Base(argv0), \".exe\") != IncumbentName {","if true {","./cmd/ratelimitd","TestEnvFor|TestImageSwap"),
+    ("73 before the first xDS set, OK","cmd/ratelimitd/run.go","} else if s.xds.beforeRules == \"ok\" {","} else if true {","./cmd/ratelimitd","TestRulesOverXDSTLS"),
+    ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -269,3 +269,32 @@ func BenchmarkCount(b *testing.B) {
 		s.Request(250 * time.Microsecond)
 	}
 }
+
+// TestCounting: the incumbent's arithmetic for requests of several hits
+// that cross the near-limit threshold or the limit.
+func TestCounting(t *testing.T) {
+	s, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, c := range []struct {
+		name                         string
+		hits, limit, before          uint64
+		over                         bool
+		overLimit, nearLimit, within uint64
+	}{
+		{"below the threshold", 3, 10, 2, false, 0, 0, 3},
+		{"crosses the threshold", 3, 10, 6, false, 0, 1, 3}, // 8 is the threshold: 9 is near
+		{"past the threshold", 2, 10, 8, false, 0, 2, 2},
+		{"crosses the limit", 5, 10, 8, true, 3, 2, 0},
+		{"crosses threshold and limit", 6, 10, 6, true, 2, 2, 0},
+		{"already full", 4, 10, 10, true, 4, 0, 0},
+	} {
+		cs := s.counters("d." + c.name)
+		cs.Decided(c.hits, c.limit, c.before, c.over)
+		if got := [3]uint64{cs.overLimit.Value(), cs.nearLimit.Value(), cs.withinLimit.Value()}; got != [3]uint64{c.overLimit, c.nearLimit, c.within} {
+			t.Errorf("%s: over, near, within = %v, want %v", c.name, got, [3]uint64{c.overLimit, c.nearLimit, c.within})
+		}
+	}
+}

@@ -2,12 +2,15 @@ package service_test
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"strconv"
 	"testing"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -53,6 +56,40 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
 				if _, err := s.ShouldRateLimit(ctx, bc.reqs[i%len(bc.reqs)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkIncumbentStats is the cost of counting envoyproxy/ratelimit's
+// stats on each decision: the same request with the stats off, and with
+// statsd (UDP, to a socket nobody reads) and the Prometheus sink on.
+//
+//	go test -run XXX -bench IncumbentStats -benchmem ./internal/service/
+func BenchmarkIncumbentStats(b *testing.B) {
+	snap := parseRules(b, "domain: web\ndescriptors:\n  - key: d0\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n")
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pc.Close()
+	req := &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "d0", Value: "v"}}}}}
+	for _, on := range []bool{false, true} {
+		b.Run(fmt.Sprintf("stats=%v", on), func(b *testing.B) {
+			var compat *compatstats.Stats
+			if on {
+				if compat, err = compatstats.New(compatstats.Options{StatsdAddr: pc.LocalAddr().String(), StatsdProtocol: "udp", Prometheus: true}); err != nil {
+					b.Fatal(err)
+				}
+				defer compat.Close()
+			}
+			s := service.New(snap, memstore.New(memstore.Options{}), nil, service.Options{Compat: compat})
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := s.ShouldRateLimit(ctx, req); err != nil {
 					b.Fatal(err)
 				}
 			}
