@@ -90,7 +90,7 @@ muts = [
     ("69 rate_limit: null read as a limit","config/parse.go","if v, ok := f[\"rate_limit\"]; ok && !(v.Kind == yaml.ScalarNode && v.Tag == \"!!null\") {","if v, ok := f[\"rate_limit\"]; ok {","./config","TestGeneratorOutput"),
     ("70 xDS units by v0.1.0's names","internal/xds/xds.go","\t\t\t\tl.Unit = unitName(p.GetUnit())","\t\t\t\tl.Unit = strings.ToLower(p.GetUnit().String())","./internal/xds","TestUnits"),
     ("71 xDS quota_mode dropped","internal/xds/xds.go","\t\t\t\ty.QuotaMode = quota","\t\t\t\t_ = quota","./internal/xds","TestUnits"),
-    ("72 run as ratelimit, the incumbent's environment ignored","cmd/ratelimitd/main.go","if strings.TrimSuffix(filepath.Base(argv0), \".exe\") != IncumbentName {","if true {","./cmd/ratelimitd","TestEnvFor|TestImageSwap"),
+    ("72 run as ratelimit, the incumbent's environment ignored","cmd/ratelimitd/main.go","if strings.TrimSuffix(filepath.Base(argv0), \".exe\") != IncumbentName {","if strings.TrimSuffix(filepath.Base(argv0), \".exe\") != IncumbentName+\"-\" {","./cmd/ratelimitd","TestEnvFor|TestImageSwap"),
     ("73 before the first xDS set, OK","cmd/ratelimitd/run.go","} else if s.xds.beforeRules == \"ok\" {","} else if true {","./cmd/ratelimitd","TestRulesOverXDSTLS"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
