@@ -237,7 +237,9 @@ var timerTypeRE = regexp.MustCompile(`(?m)^(\s*-?\s*)timer_type:`)
 func (s *Stats) newPrometheus() error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m := &mapper.MetricMapper{Logger: s.opts.Logger}
+	// The mapper warns of every glob it must backtrack on, which the
+	// incumbent's own mapping needs: noise to an operator.
+	m := &mapper.MetricMapper{Logger: slog.New(slog.DiscardHandler)}
 	if err := m.InitFromYAMLString(timerTypeRE.ReplaceAllString(s.opts.Mapping, "${1}observer_type:")); err != nil {
 		return fmt.Errorf("statsd_exporter mapping: %w", err)
 	}
