@@ -70,7 +70,11 @@ var envoyproxySettings = []envSetting{
 	{name: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", ignore: "the service serves only once it has valid rules, unless --xds-start-without-rules"},
 	{name: "GRPC_MAX_CONNECTION_AGE", ignore: "fixed at 24h"},
 	{name: "GRPC_MAX_CONNECTION_AGE_GRACE", ignore: "fixed at 1h"},
-	{name: "TRACING_ENABLED", ignore: "tracing is not supported"},
+	{name: "TRACING_SERVICE_NAME", flag: "tracing-service-name"},
+	{name: "TRACING_SERVICE_NAMESPACE", flag: "tracing-service-namespace"},
+	{name: "TRACING_SERVICE_INSTANCE_ID", flag: "tracing-service-instance-id"},
+	{name: "TRACING_SAMPLING_RATE", flag: "tracing-sampling-rate"},
+	{name: "TRACING_EXPORTER_PROTOCOL", flag: "tracing-protocol"},
 }
 
 // envoyproxyXDS are the incumbent's xDS variables, read when
@@ -121,6 +125,20 @@ func envoyproxyEnv(getenv func(string) string) (flags [][2]string, password stri
 	}
 	if err := envoyproxyStats(getenv, set); err != nil {
 		return nil, "", nil, err
+	}
+	// TRACING_ENABLED turns tracing on, towards the collector the
+	// standard OTEL_EXPORTER_OTLP_ENDPOINT names (default: OTLP's port of
+	// the protocol on this host, as the SDK's).
+	if b, _ := strconv.ParseBool(getenv("TRACING_ENABLED")); b {
+		endpoint := getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+		switch {
+		case endpoint != "":
+		case strings.EqualFold(getenv("TRACING_EXPORTER_PROTOCOL"), "http"):
+			endpoint = "localhost:4318"
+		default:
+			endpoint = "localhost:4317"
+		}
+		set("tracing-endpoint", endpoint)
 	}
 	xdsRules := strings.EqualFold(getenv("CONFIG_TYPE"), "GRPC_XDS_SOTW")
 	if getenv("FORCE_START_WITHOUT_INITIAL_CONFIG") != "" && !xdsRules {

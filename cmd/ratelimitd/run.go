@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/compatstats"
@@ -31,6 +32,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/service"
+	"github.com/ratelimitd/ratelimitd/internal/tracing"
 )
 
 // The stores and the cache the service is wired with.
@@ -110,7 +112,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	if err != nil {
 		return err
 	}
-	store, closeStore, err := newStore(ctx, s, redisID, m, log)
+	traces, err := newTracing(ctx, s, m, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := traces.Shutdown(sctx); err != nil {
+			log.Warn("tracing: spans still queued at shutdown were dropped", "err", err)
+		}
+	}()
+	store, closeStore, err := newStore(ctx, s, redisID, traces.Tracer(), m, log)
 	if err != nil {
 		return err
 	}
@@ -233,6 +246,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		GRPCOptions: grpcOpts,
 		Logger:      log,
 		DrainDelay:  s.drainDelay,
+		Tracing:     traces,
 		Metrics:     promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}),
 	})
 	return srv.Serve(ctx, grpcLis, httpLis)
@@ -249,7 +263,7 @@ func newLogger(s *settings, out io.Writer) *slog.Logger {
 // newStore returns the Redis store for --redis-url, or the embedded one.
 // A URL that does not parse is an error; a Redis that does not answer yet
 // is not: the service starts and uses it once it does.
-func newStore(ctx context.Context, s *settings, tlsID *identity, m *metrics.Metrics, log *slog.Logger) (service.Store, func(), error) {
+func newStore(ctx context.Context, s *settings, tlsID *identity, tracer trace.Tracer, m *metrics.Metrics, log *slog.Logger) (service.Store, func(), error) {
 	if s.redisURL == "" {
 		log.Warn("no --redis-url: using the embedded in-memory store; limits are per process, not shared between instances")
 		return memstore.New(memstore.Options{}), func() {}, nil
@@ -271,7 +285,7 @@ func newStore(ctx context.Context, s *settings, tlsID *identity, m *metrics.Metr
 	}
 	opts := redisstore.Options{
 		URL: s.redisURL, Password: password, Mode: s.redisMode, Timeout: s.redisTimeout, BreakerOpenAfter: s.breakerAfter,
-		Metrics: m, Logger: log, Dispatchers: s.dispatchers, LeaseInterval: s.leaseInterval,
+		Metrics: m, Logger: log, Dispatchers: s.dispatchers, LeaseInterval: s.leaseInterval, Tracer: tracer,
 	}
 	if tlsID != nil && tlsID.certFile != "" {
 		opts.ClientCert = tlsID.clientCert
@@ -427,4 +441,23 @@ func serveCompat(addr, path string, c *compatstats.Stats, log *slog.Logger) (sto
 		_ = srv.Close()
 		wg.Wait()
 	}, nil
+}
+
+// newTracing starts the trace pipeline when --tracing-endpoint is set,
+// else returns nil (tracing off, and no cost on the request path).
+func newTracing(ctx context.Context, s *settings, m *metrics.Metrics, log *slog.Logger) (*tracing.Tracing, error) {
+	t := &s.tracing
+	if t.endpoint == "" {
+		return nil, nil
+	}
+	tr, err := tracing.New(ctx, tracing.Options{
+		Endpoint: t.endpoint, Protocol: t.protocol, SamplingRate: t.samplingRate,
+		ServiceName: t.serviceName, ServiceNamespace: t.namespace, InstanceID: t.instanceID, Version: version,
+		OnDrop: m.SpansLost, Logger: log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--tracing-endpoint: %w", err)
+	}
+	log.Info("exporting traces", "endpoint", t.endpoint, "protocol", t.protocol, "sampling_rate", t.samplingRate)
+	return tr, nil
 }

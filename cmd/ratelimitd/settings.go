@@ -16,6 +16,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/service"
+	"github.com/ratelimitd/ratelimitd/internal/tracing"
 	"github.com/ratelimitd/ratelimitd/internal/xds"
 )
 
@@ -66,6 +67,7 @@ type settings struct {
 	dispatchers       int
 	xds               xdsSettings
 	stats             statsSettings
+	tracing           tracingSettings
 	headerNames       service.HeaderNames
 	leaseInterval     time.Duration
 }
@@ -78,6 +80,13 @@ type statsSettings struct {
 	mogrifiers                       []compatstats.Mogrifier // from --env-compat's DOG_STATSD_MOGRIFIER_*
 	flushInterval                    time.Duration
 	compatAddr, compatPath, mapper   string
+}
+
+// tracingSettings are the --tracing-* flags: OpenTelemetry traces.
+type tracingSettings struct {
+	endpoint, protocol                 string
+	samplingRate                       float64
+	serviceName, namespace, instanceID string
 }
 
 // xdsSettings are the --xds-* flags: rules from a management server.
@@ -160,6 +169,12 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.debugAddr, "debug-addr", "", "serve pprof on this address (e.g. 127.0.0.1:6060); empty: off")
 	fs.Float64Var(&s.nearLimitRatio, "near-limit-ratio", 0.8, "share of a limit from which an OK decision counts as near_limit in metrics")
 	fs.DurationVar(&s.drainDelay, "drain-delay", 0, "on SIGTERM, keep serving this long with health NOT_SERVING before stopping")
+	fs.StringVar(&s.tracing.endpoint, "tracing-endpoint", "", "export OpenTelemetry traces of decisions to this OTLP collector (host:port, or a URL); empty: off")
+	fs.StringVar(&s.tracing.protocol, "tracing-protocol", "grpc", "grpc or http (OTLP/HTTP, protobuf), for --tracing-endpoint")
+	fs.Float64Var(&s.tracing.samplingRate, "tracing-sampling-rate", 1, "share of the traces started here that are kept (0 to 1); a caller's sampling decision is always followed")
+	fs.StringVar(&s.tracing.serviceName, "tracing-service-name", tracing.DefaultServiceName, "service.name of the spans")
+	fs.StringVar(&s.tracing.namespace, "tracing-service-namespace", "", "service.namespace of the spans")
+	fs.StringVar(&s.tracing.instanceID, "tracing-service-instance-id", "", "service.instance.id of the spans")
 	fs.StringVar(&s.stats.statsdAddr, "statsd-addr", "", "send envoyproxy/ratelimit's stats, under its names, to this statsd server (host:port); empty: none")
 	fs.StringVar(&s.stats.statsdProtocol, "statsd-protocol", "tcp", "tcp or udp, for --statsd-addr")
 	fs.BoolVar(&s.stats.dogstatsd, "dogstatsd", false, "send to --statsd-addr in DogStatsD form (UDP, tags as |#k:v) with DataDog's client")
@@ -264,6 +279,10 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, fmt.Errorf("--statsd-protocol %q: want tcp or udp", s.stats.statsdProtocol)
 	case s.stats.dogstatsd && s.stats.statsdAddr == "":
 		return nil, errors.New("--dogstatsd needs --statsd-addr")
+	case s.tracing.protocol != "grpc" && s.tracing.protocol != "http":
+		return nil, fmt.Errorf("--tracing-protocol %q: want grpc or http", s.tracing.protocol)
+	case s.tracing.samplingRate < 0 || s.tracing.samplingRate > 1:
+		return nil, fmt.Errorf("--tracing-sampling-rate must be from 0 to 1, got %v", s.tracing.samplingRate)
 	case s.stats.flushInterval <= 0:
 		return nil, fmt.Errorf("--stats-flush-interval must be positive, got %v", s.stats.flushInterval)
 	case !strings.HasPrefix(s.stats.compatPath, "/"):

@@ -41,6 +41,7 @@ type Metrics struct {
 	LeaseHits         *prometheus.CounterVec
 	LeaseRefills      *prometheus.CounterVec
 	StatsSinkErrors   *prometheus.CounterVec
+	SpansDropped      *prometheus.CounterVec
 }
 
 // New registers every collector, with Go and process collectors, on a new
@@ -145,6 +146,10 @@ func New(version string) *Metrics {
 			Name: "ratelimitd_stats_sink_errors_total",
 			Help: "Failures of the sink of envoyproxy/ratelimit's stats (statsd: cannot connect, or lines dropped); its stats are lost, decisions never wait for it.",
 		}, []string{"sink"}),
+		SpansDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_trace_spans_dropped_total",
+			Help: "Trace spans lost by reason: queue_full (the collector is slower than the spans come) or export_failed (it refused them or could not be reached); decisions never wait for it.",
+		}, []string{"reason"}),
 		XDSConnected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratelimitd_xds_connected",
 			Help: "1 while the stream to the xDS management server (--xds-server) is open; the rules in force stay while it is not.",
@@ -158,7 +163,7 @@ func New(version string) *Metrics {
 	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.ShadowRequests, m.RequestDuration,
 		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
 		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, m.XDSConnected,
-		m.LeaseDecisions, m.LeaseGrants, m.LeaseHits, m.LeaseRefills, m.StatsSinkErrors, buildInfo)
+		m.LeaseDecisions, m.LeaseGrants, m.LeaseHits, m.LeaseRefills, m.StatsSinkErrors, m.SpansDropped, buildInfo)
 	return m
 }
 
@@ -346,5 +351,12 @@ func (m *Metrics) LeaseRefill(ok bool) {
 func (m *Metrics) StatsSinkError(sink string) {
 	if m != nil {
 		m.StatsSinkErrors.WithLabelValues(sink).Inc()
+	}
+}
+
+// SpansLost counts trace spans dropped for reason.
+func (m *Metrics) SpansLost(reason string, n int) {
+	if m != nil {
+		m.SpansDropped.WithLabelValues(reason).Add(float64(n))
 	}
 }

@@ -57,6 +57,7 @@ type call struct {
 	done     chan struct{} // closed once res and err are set
 	res      []any
 	err      error
+	batch    int // the calls sent with it, set before done closes
 }
 
 // timers are reused between calls: a call waits at most until its
@@ -186,11 +187,12 @@ func offer(b *batcher, c *call) error {
 }
 
 // submit queues a call and waits for its reply, its deadline or its
-// context.
-func (s *Store) submit(ctx context.Context, deadline time.Time, checks []limit.Check) ([]any, error) {
+// context; batch is how many calls its round trip carried (0 when it
+// made none).
+func (s *Store) submit(ctx context.Context, deadline time.Time, checks []limit.Check) (vals []any, batch int, err error) {
 	c := &call{ctx: ctx, deadline: deadline, checks: checks, done: make(chan struct{})}
 	if err := s.enqueue(ctx, c); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	t := timers.Get().(*time.Timer)
 	t.Reset(time.Until(deadline))
@@ -201,11 +203,11 @@ func (s *Store) submit(ctx context.Context, deadline time.Time, checks []limit.C
 	}()
 	select {
 	case <-c.done:
-		return c.res, c.err
+		return c.res, c.batch, c.err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, 0, ctx.Err()
 	case <-t.C:
-		return nil, context.DeadlineExceeded
+		return nil, 0, context.DeadlineExceeded
 	}
 }
 
@@ -279,6 +281,9 @@ func (s *Store) send(b *batcher, batch []*call) {
 	}
 	if len(live) == 0 {
 		return
+	}
+	for _, c := range live {
+		c.batch = len(live)
 	}
 	// Evaluate has already bounded every call's deadline by the timeout.
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)

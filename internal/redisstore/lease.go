@@ -5,6 +5,9 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
@@ -175,17 +178,25 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 		toRedis(i, g, hits-r)
 	}
 	l.mu.Unlock()
+	how := "local"
 	switch {
 	case short:
-		l.m.LeaseRequest("waited")
+		how = "waited"
 		l.kick()
 	case cold:
 		// The refiller's next tick measures the rate: waking it for each
 		// request of a cold counter would only walk the map again.
-		l.m.LeaseRequest("cold")
+		how = "cold"
+	case len(sub) > 0:
+		how = ""
+	}
+	if how != "" {
+		l.m.LeaseRequest(how)
+		if span := trace.SpanFromContext(ctx); span.IsRecording() {
+			span.SetAttributes(attribute.String("ratelimit.lease", how))
+		}
 	}
 	if len(sub) == 0 {
-		l.m.LeaseRequest("local")
 		return results, nil
 	}
 

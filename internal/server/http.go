@@ -6,6 +6,8 @@ import (
 	"net/http"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -39,7 +41,13 @@ func (s *Server) handleJSON(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid RateLimitRequest JSON: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	resp, err := s.dec.ShouldRateLimit(r.Context(), &req)
+	ctx := r.Context()
+	if s.opts.Tracing != nil {
+		var span trace.Span
+		ctx, span = s.opts.Tracing.Start(ctx, "POST /json", propagation.HeaderCarrier(r.Header))
+		defer span.End()
+	}
+	resp, err := s.dec.ShouldRateLimit(ctx, &req)
 	switch {
 	case errors.Is(err, service.ErrInvalidRequest):
 		http.Error(w, err.Error(), http.StatusBadRequest)

@@ -15,15 +15,19 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/service"
+	"github.com/ratelimitd/ratelimitd/internal/tracing"
 )
 
 // Decider is what the transports need of the service.
@@ -58,6 +62,9 @@ type Options struct {
 	// GRPCOptions are added to the gRPC server's options (TLS, message
 	// sizes, keepalive).
 	GRPCOptions []grpc.ServerOption
+	// Tracing, when set, starts a span per ShouldRateLimit call (gRPC and
+	// /json), child of the trace context the caller sent.
+	Tracing *tracing.Tracing
 }
 
 // StreamWorkers is the number of goroutines kept to run RPCs. A stream
@@ -96,7 +103,7 @@ func New(dec Decider, opts Options) *Server {
 		s.opts.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	s.grpc = grpc.NewServer(append(TransportOptions(), opts.GRPCOptions...)...)
-	rlsv3.RegisterRateLimitServiceServer(s.grpc, &rls{dec: dec})
+	rlsv3.RegisterRateLimitServiceServer(s.grpc, &rls{dec: dec, tracing: opts.Tracing})
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	s.http = &http.Server{
@@ -187,15 +194,54 @@ func (s *Server) serving() bool {
 // rls adapts the Decider to the generated gRPC service.
 type rls struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	dec Decider
+	dec     Decider
+	tracing *tracing.Tracing
 }
 
+// shouldRateLimitSpan is the span name of a gRPC call, as OpenTelemetry's
+// gRPC instrumentation names it.
+const shouldRateLimitSpan = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
 func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if r.tracing != nil {
+		md, _ := metadata.FromIncomingContext(ctx)
+		var span trace.Span
+		ctx, span = r.tracing.Start(ctx, shouldRateLimitSpan, mdCarrier(md))
+		defer span.End()
+		resp, err := r.dec.ShouldRateLimit(ctx, req)
+		if err != nil {
+			err = grpcError(err)
+			span.SetStatus(otelcodes.Error, err.Error())
+			return nil, err
+		}
+		return resp, nil
+	}
 	resp, err := r.dec.ShouldRateLimit(ctx, req)
 	if err != nil {
 		return nil, grpcError(err)
 	}
 	return resp, nil
+}
+
+// mdCarrier reads trace context from gRPC metadata, whose keys are
+// lower-case as the propagators ask for them.
+type mdCarrier metadata.MD
+
+func (c mdCarrier) Get(key string) string {
+	if v := metadata.MD(c).Get(key); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func (c mdCarrier) Set(key, value string) { metadata.MD(c).Set(key, value) }
+
+func (c mdCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
 }
 
 // grpcError gives each service error its gRPC code: a bad request is the

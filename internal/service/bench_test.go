@@ -9,11 +9,15 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
 	"github.com/ratelimitd/ratelimitd/internal/service"
+	"github.com/ratelimitd/ratelimitd/internal/tracing"
 )
 
 // BenchmarkShouldRateLimit measures the service's own cost per request on
@@ -91,6 +95,55 @@ func BenchmarkIncumbentStats(b *testing.B) {
 			for b.Loop() {
 				if _, err := s.ShouldRateLimit(ctx, req); err != nil {
 					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// discard is a span exporter that keeps nothing.
+type discard struct{}
+
+func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discard) Shutdown(context.Context) error                             { return nil }
+
+// BenchmarkTracing is the cost of tracing a decision as the gRPC server
+// does (extract the caller's context, a span around the decision, its
+// attributes): off (no tracing configured), and at 1 % and 100 %
+// sampling of traces that start here.
+//
+//	go test -run XXX -bench Tracing -benchmem ./internal/service/
+func BenchmarkTracing(b *testing.B) {
+	snap := parseRules(b, "domain: web\ndescriptors:\n  - key: d0\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n")
+	req := &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "d0", Value: "v"}}}}}
+	for _, rate := range []float64{-1, 0.01, 1} {
+		name := fmt.Sprintf("sampling=%v", rate)
+		if rate < 0 {
+			name = "off"
+		}
+		b.Run(name, func(b *testing.B) {
+			var tr *tracing.Tracing
+			if rate >= 0 {
+				var err error
+				if tr, err = tracing.New(context.Background(), tracing.Options{SamplingRate: rate, Exporter: discard{}}); err != nil {
+					b.Fatal(err)
+				}
+				defer tr.Shutdown(context.Background())
+			}
+			s := service.New(snap, memstore.New(memstore.Options{}), nil, service.Options{})
+			carrier := propagation.HeaderCarrier{}
+			b.ReportAllocs()
+			for b.Loop() {
+				ctx := context.Background()
+				var span trace.Span
+				if tr != nil {
+					ctx, span = tr.Start(ctx, "ShouldRateLimit", carrier)
+				}
+				if _, err := s.ShouldRateLimit(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+				if span != nil {
+					span.End()
 				}
 			}
 		})

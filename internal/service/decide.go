@@ -11,6 +11,8 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -69,6 +71,12 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 		}
 	}
 	resp := s.respond(req.GetDomain(), descs, items, checks, states)
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attribute.String("ratelimit.domain", req.GetDomain()),
+			attribute.Int("ratelimit.descriptors", len(descs)), attribute.Int("ratelimit.counters", len(checks)),
+			attribute.String("ratelimit.overall_code", resp.GetOverallCode().String()),
+			attribute.String("ratelimit.answer_path", answerPath(states)))
+	}
 	s.m.Request(resp.GetOverallCode().String(), time.Since(start))
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "decision", "domain", req.GetDomain(), "descriptors", len(descs),
@@ -423,4 +431,28 @@ func ceilSeconds(dst *durationpb.Duration, d time.Duration) *durationpb.Duration
 	}
 	dst.Seconds = secs
 	return dst
+}
+
+// answerPath says, for a trace, how a request was answered: none (no
+// counter to decide), local_cache (every counter known exhausted),
+// failure_policy (the store could not decide) or store (the store
+// decided: a "redis" child span shows the round trip, and the span's
+// ratelimit.lease attribute a lease's part).
+func answerPath(states []checkState) string {
+	if len(states) == 0 {
+		return "none"
+	}
+	cached := 0
+	for _, st := range states {
+		if st.failed {
+			return "failure_policy"
+		}
+		if st.cached {
+			cached++
+		}
+	}
+	if cached == len(states) {
+		return "local_cache"
+	}
+	return "store"
 }
