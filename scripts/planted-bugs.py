@@ -92,6 +92,11 @@ muts = [
     ("71 xDS quota_mode dropped","internal/xds/xds.go","\t\t\t\ty.QuotaMode = quota","\t\t\t\t_ = quota","./internal/xds","TestUnits"),
     ("72 run as ratelimit, the incumbent's environment ignored","cmd/ratelimitd/main.go","if strings.TrimSuffix(filepath.Base(argv0), \".exe\") != IncumbentName {","if strings.TrimSuffix(filepath.Base(argv0), \".exe\") != IncumbentName+\"-\" {","./cmd/ratelimitd","TestEnvFor|TestImageSwap"),
     ("73 before the first xDS set, OK","cmd/ratelimitd/run.go","} else if s.xds.beforeRules == \"ok\" {","} else if true {","./cmd/ratelimitd","TestRulesOverXDSTLS"),
+    ("75 a panel names a metric that is not exported","deploy/grafana/ratelimitd.json","min(ratelimitd_xds_connected)","min(ratelimitd_xds_connection_up)","./deploy","TestDashboardUsesRealMetrics"),
+    ("76 a panel groups by a label its metric lacks","deploy/grafana/ratelimitd.json","sum by (how) (rate(ratelimitd_lease_requests_total","sum by (what) (rate(ratelimitd_lease_requests_total","./deploy","TestDashboardUsesRealMetrics"),
+    ("77 no redis child span","internal/redisstore/redisstore.go","if s.tracer != nil && trace.SpanFromContext(ctx).IsRecording() {","if false {","./cmd/ratelimitd","TestTracing$"),
+    ("78 the caller's trace context ignored","internal/tracing/tracing.go","\tctx = t.propagator.Extract(ctx, carrier)\n","","./cmd/ratelimitd","TestTracing$"),
+    ("79 lost spans not counted","internal/tracing/tracing.go","\t\t\tq.onDrop(\"export_failed\", len(batch))\n","","./cmd/ratelimitd","TestTracingHTTP"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]
