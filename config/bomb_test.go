@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -132,5 +133,57 @@ func TestUnreadableRulesFile(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Load = %v, want %q", err, want)
 		}
+	}
+}
+
+// TestFileSizeCapExact: a rules file of exactly MaxFileSize bytes is read
+// whole and parsed; one byte more is refused for its size, never cut at
+// the cap and parsed (which would load a different file than the one on
+// disk, or fail with a misleading YAML error).
+func TestFileSizeCapExact(t *testing.T) {
+	dir := t.TempDir()
+	head := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+	// A comment fills the file up to the size wanted; the last line ends
+	// it, and cut one byte short it would still be valid YAML.
+	file := func(size int) string {
+		body := head + "#" + strings.Repeat("x", size-len(head)-2) + "\n"
+		p := filepath.Join(dir, "rules.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if _, err := Load(file(MaxFileSize)); err != nil {
+		t.Errorf("a file of exactly %d bytes: %v", MaxFileSize, err)
+	}
+	_, err := Load(file(MaxFileSize + 1))
+	if err == nil || !strings.Contains(err.Error(), "more than the 4194304 bytes allowed") {
+		t.Errorf("a file one byte over the cap: %v, want it refused for its size", err)
+	}
+}
+
+// TestMetadataChargedToWalk: metadata nodes count against the file's walk
+// budget, not only each rule's own: many rules whose metadata each stay
+// under MaxMetadataNodes, through one alias, add up to more than
+// MaxWalkNodes and are refused as excessive aliasing, quickly.
+func TestMetadataChargedToWalk(t *testing.T) {
+	var b strings.Builder
+	// &m expands to 1 + 7*(1 + 10*(1 + 10*(1 + 10))): 7,778 nodes, under
+	// the 10,000 a rule's metadata may hold.
+	b.WriteString("domain: d\ndescriptors:\n  - key: k0\n    metadata:\n      a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n")
+	b.WriteString("      b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n")
+	b.WriteString("      c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n")
+	b.WriteString("      m: &m [*c, *c, *c, *c, *c, *c, *c]\n")
+	const rules = 400 // 400 x ~8,000 nodes: past the 1,000,000 walk budget
+	for i := 1; i <= rules; i++ {
+		fmt.Fprintf(&b, "  - key: k%d\n    metadata: {m: *m}\n", i)
+	}
+	start := time.Now()
+	_, err := Parse("meta.yaml", []byte(b.String()))
+	if err == nil || !strings.Contains(err.Error(), "excessive aliasing") {
+		t.Fatalf("Parse = %.300v, want excessive aliasing", err)
+	}
+	if took := time.Since(start); took > 5*time.Second && !raceEnabled {
+		t.Errorf("took %v", took)
 	}
 }

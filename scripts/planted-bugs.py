@@ -97,6 +97,11 @@ muts = [
     ("77 no redis child span","internal/redisstore/redisstore.go","if s.tracer != nil && trace.SpanFromContext(ctx).IsRecording() {","if false {","./cmd/ratelimitd","TestTracing$"),
     ("78 the caller's trace context ignored","internal/tracing/tracing.go","\tctx = t.propagator.Extract(ctx, carrier)\n","","./cmd/ratelimitd","TestTracing$"),
     ("79 lost spans not counted","internal/tracing/tracing.go","\t\t\tq.onDrop(\"export_failed\", len(batch))\n","","./cmd/ratelimitd","TestTracingHTTP"),
+    ("80 a rules file one byte over the cap cut and parsed","config/load.go","io.LimitReader(fh, MaxFileSize+1)","io.LimitReader(fh, MaxFileSize)","./config","TestFileSizeCapExact"),
+    ("81 metadata nodes not charged to the walk budget","config/limits.go","\t\tn = deref(n)\n\t\tif !p.charge(1) {\n\t\t\treturn nil, errStopped\n\t\t}\n","\t\tn = deref(n)\n","./config","TestMetadataChargedToWalk"),
+    ("82 a canceled caller read from the store's error","internal/service/decide.go","if err != nil && errors.Is(ctx.Err(), context.Canceled) {","if err != nil && errors.Is(err, context.Canceled) {","./internal/service","TestCancellationIsTheCallers"),
+    ("83 xDS repeat detection depends on the resources' order","internal/xds/xds.go","\tslices.SortFunc(sums, func(a, b [sha256.Size]byte) int { return bytes.Compare(a[:], b[:]) })\n","\t_ = bytes.Compare\n","./internal/xds","TestSetSumIgnoresOrder"),
+    ("84 xDS reconnect backoff never grows","internal/xds/xds.go","wait = min(2*wait, o.BackoffMax)","wait = min(wait, o.BackoffMax)","./internal/xds","TestBackoffGrows"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]

@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"math"
 	"testing"
@@ -108,5 +109,30 @@ func TestCanceledCallerNotAnswered(t *testing.T) {
 	resp, err := s.ShouldRateLimit(tctx, request(desc("user", "c")))
 	if fo := outcomes(t, m, service.OutcomeFailOpen); err != nil || resp.GetOverallCode().String() != "OK" || fo != 1 {
 		t.Errorf("timed-out call: %v, %v, fail-open %v; want OK by policy", resp, err, fo)
+	}
+}
+
+// canceledErrStore fails every call with an error that wraps
+// context.Canceled, as a store's own cancellation would (a round trip it
+// gave up, a breaker answer), while the caller is still waiting.
+type canceledErrStore struct{}
+
+func (canceledErrStore) Evaluate(context.Context, []limit.Check) ([]limit.Result, error) {
+	return nil, fmt.Errorf("store: gave up: %w", context.Canceled)
+}
+
+// TestCancellationIsTheCallers: whether a caller canceled is read from the
+// caller's context, never from the store's error: a store error that
+// wraps context.Canceled, with the caller still there, is a store failure
+// answered by policy (and counted fail-open), not a silent cancellation.
+func TestCancellationIsTheCallers(t *testing.T) {
+	m := metrics.New("test")
+	s := service.New(rules(t), canceledErrStore{}, nil, service.Options{Metrics: m})
+	resp, err := s.ShouldRateLimit(context.Background(), request(desc("user", "c")))
+	if err != nil || resp.GetOverallCode().String() != "OK" {
+		t.Fatalf("store error wrapping Canceled, caller waiting: %v, %v; want OK by failure policy", resp, err)
+	}
+	if fo, c := outcomes(t, m, service.OutcomeFailOpen), testutil.ToFloat64(m.CanceledRequests); fo != 1 || c != 0 {
+		t.Errorf("fail-open %v, canceled %v; want 1, 0", fo, c)
 	}
 }

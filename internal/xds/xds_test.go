@@ -2,9 +2,12 @@ package xds
 
 import (
 	"context"
+	"log/slog"
+	"net"
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -319,3 +322,71 @@ func TestUnits(t *testing.T) {
 		t.Fatalf("NACK %v; want version 1 kept and the rule named", nack)
 	}
 }
+
+// TestSetSumIgnoresOrder: a set is recognised as the one last refused
+// whatever order its resources come in (go-control-plane sends a
+// snapshot's in map order), and a different set is not.
+func TestSetSumIgnoresOrder(t *testing.T) {
+	var rs []*anypb.Any
+	for _, n := range []string{"a", "b", "c", "d"} {
+		a, err := anypb.New(xdstest.Limit(n, n, "k", "", 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, a)
+	}
+	want := setSum(rs)
+	for _, order := range [][]int{{3, 2, 1, 0}, {1, 0, 3, 2}, {2, 3, 0, 1}} {
+		shuffled := make([]*anypb.Any, len(rs))
+		for i, j := range order {
+			shuffled[i] = rs[j]
+		}
+		if setSum(shuffled) != want {
+			t.Errorf("order %v: another sum", order)
+		}
+	}
+	if setSum(rs[:3]) == want || setSum(append(rs[:3:3], rs[0])) == want {
+		t.Error("a different set has the same sum")
+	}
+}
+
+// TestBackoffGrows: while the management server cannot be reached, the
+// waits between attempts double up to the maximum: in 1.5 s with waits
+// starting at 20 ms, a handful of attempts, not one every 20 ms.
+func TestBackoffGrows(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close() // nothing listens there
+	var attempts atomic.Int64
+	log := slog.New(countHandler{&attempts, "xds: stream to the management server ended"})
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	if err := Run(ctx, Options{Server: addr, BackoffInitial: 20 * time.Millisecond, BackoffMax: 5 * time.Second,
+		Logger: log, OnLoad: func(*config.Snapshot, error) {}}); err != nil {
+		t.Fatal(err)
+	}
+	// Doubling from 20 ms (each wait jittered within its second half):
+	// at most 8 attempts fit in 1.5 s; a wait that never grew, 75 or so.
+	if n := attempts.Load(); n < 2 || n > 9 {
+		t.Errorf("%d attempts in 1.5 s, want 2 to 9 (doubling waits)", n)
+	}
+}
+
+// countHandler counts the log records whose message starts with prefix.
+type countHandler struct {
+	n      *atomic.Int64
+	prefix string
+}
+
+func (h countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.prefix) {
+		h.n.Add(1)
+	}
+	return nil
+}
+func (h countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h countHandler) WithGroup(string) slog.Handler      { return h }
