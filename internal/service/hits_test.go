@@ -2,8 +2,8 @@ package service_test
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"time"
