@@ -102,6 +102,7 @@ muts = [
     ("82 a canceled caller read from the store's error","internal/service/decide.go","if err != nil && errors.Is(ctx.Err(), context.Canceled) {","if err != nil && errors.Is(err, context.Canceled) {","./internal/service","TestCancellationIsTheCallers"),
     ("83 xDS repeat detection depends on the resources' order","internal/xds/xds.go","\tslices.SortFunc(sums, func(a, b [sha256.Size]byte) int { return bytes.Compare(a[:], b[:]) })\n","\t_ = bytes.Compare\n","./internal/xds","TestSetSumIgnoresOrder"),
     ("84 xDS reconnect backoff never grows","internal/xds/xds.go","wait = min(2*wait, o.BackoffMax)","wait = min(wait, o.BackoffMax)","./internal/xds","TestBackoffGrows"),
+    ("85 canceled round trips count against Redis","internal/redisstore/breaker.go","case errors.Is(err, context.Canceled) || deadline.Sub(start) < minBudget:","case false && errors.Is(err, context.Canceled) || deadline.Sub(start) < minBudget:","./internal/redisstore","TestCanceledRoundTripsKeepBreakerClosed"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,5 +49,26 @@ func TestOpenBreakerProbesBackToBack(t *testing.T) {
 			t.Fatalf("still open 2 s later after %d probes (the probe interval is an hour)", probes.Load())
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestCanceledRoundTripsKeepBreakerClosed: round trips their callers
+// canceled say nothing about Redis: however many, for however long, they
+// never open the breaker; the same round trips timing out do.
+func TestCanceledRoundTripsKeepBreakerClosed(t *testing.T) {
+	b := newBreaker(1, time.Nanosecond, time.Hour, func(context.Context) error { return errors.New("down") }, func(bool) {})
+	defer b.stop()
+	for range 10 {
+		now := time.Now()
+		b.roundTrip(now, now.Add(time.Second), fmt.Errorf("eval: %w", context.Canceled))
+		time.Sleep(time.Millisecond)
+	}
+	if b.isOpen() {
+		t.Fatal("canceled round trips opened the breaker")
+	}
+	now := time.Now()
+	b.roundTrip(now, now.Add(time.Second), context.DeadlineExceeded)
+	if !b.isOpen() {
+		t.Fatal("a round trip that timed out did not count")
 	}
 }
