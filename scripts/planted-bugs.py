@@ -103,6 +103,11 @@ muts = [
     ("83 xDS repeat detection depends on the resources' order","internal/xds/xds.go","\tslices.SortFunc(sums, func(a, b [sha256.Size]byte) int { return bytes.Compare(a[:], b[:]) })\n","\t_ = bytes.Compare\n","./internal/xds","TestSetSumIgnoresOrder"),
     ("84 xDS reconnect backoff never grows","internal/xds/xds.go","wait = min(2*wait, o.BackoffMax)","wait = min(wait, o.BackoffMax)","./internal/xds","TestBackoffGrows"),
     ("85 canceled round trips count against Redis","internal/redisstore/breaker.go","case errors.Is(err, context.Canceled) || deadline.Sub(start) < minBudget:","case false && errors.Is(err, context.Canceled) || deadline.Sub(start) < minBudget:","./internal/redisstore","TestCanceledRoundTripsKeepBreakerClosed"),
+    ("86 grants used to their window's end, no margin for drift","internal/redisstore/lease.go","leaseMargin = 2 * time.Millisecond","leaseMargin = 0","./internal/redisstore","TestLeaseMarginCoversDrift"),
+    ("87 a refund to the grant does not lower its use","internal/redisstore/lease.go","\t\t\t\tk = min(g.used, hits)\n\t\t\t\tg.used -= k\n","\t\t\t\tk = min(g.used, hits)\n","./internal/redisstore","TestLeaseDoubleRefund"),
+    ("88 a refill in a later window keeps the earlier window's hits","internal/redisstore/lease.go","if r.WindowEndUS != g.windowEnd {","if false && r.WindowEndUS != g.windowEnd {","./internal/redisstore","TestLeaseRefillInNextWindow"),
+    ("89 idle counters that held a grant never leave the map","internal/redisstore/lease.go","\t\tcase idle:\n","\t\tcase idle && !g.granted:\n","./internal/redisstore","TestLeaseIdleForgotten"),
+    ("90 a give-back applied whatever window it names","internal/redisstore/scripts/grant.lua","    elseif gend == we then\n","    else\n","./internal/redisstore","TestGrantGiveBackOtherWindow"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]
