@@ -108,6 +108,9 @@ muts = [
     ("88 a refill in a later window keeps the earlier window's hits","internal/redisstore/lease.go","if r.WindowEndUS != g.windowEnd {","if false && r.WindowEndUS != g.windowEnd {","./internal/redisstore","TestLeaseRefillInNextWindow"),
     ("89 idle counters that held a grant never leave the map","internal/redisstore/lease.go","\t\tcase idle:\n","\t\tcase idle && !g.granted:\n","./internal/redisstore","TestLeaseIdleForgotten"),
     ("90 a give-back applied whatever window it names","internal/redisstore/scripts/grant.lua","    elseif gend == we then\n","    else\n","./internal/redisstore","TestGrantGiveBackOtherWindow"),
+    ("91 xDS without backoff options reconnects at once","internal/xds/xds.go","if o.BackoffInitial <= 0 {","if o.BackoffInitial < 0 {","./internal/xds","TestBackoffBounds"),
+    ("92 xDS waits grow past BackoffMax","internal/xds/xds.go","if o.BackoffMax < o.BackoffInitial {","if o.BackoffMax >= o.BackoffInitial {","./internal/xds","TestBackoffBounds"),
+    ("93 xDS headers never sent","internal/xds/xds.go","if len(o.Headers) > 0 {","if len(o.Headers) < 0 {","./internal/xds","TestHeadersSent"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]

@@ -14,6 +14,8 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -390,3 +392,69 @@ func (h countHandler) Handle(_ context.Context, r slog.Record) error {
 }
 func (h countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h countHandler) WithGroup(string) slog.Handler      { return h }
+
+// attempts runs Run against an address nothing listens on for d and
+// counts the streams that ended.
+func attempts(t *testing.T, o Options, d time.Duration) int64 {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Server = lis.Addr().String()
+	lis.Close()
+	var n atomic.Int64
+	o.Logger = slog.New(countHandler{&n, "xds: stream to the management server ended"})
+	o.OnLoad = func(*config.Snapshot, error) {}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if err := Run(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	return n.Load()
+}
+
+// TestBackoffBounds: without backoff options the defaults apply (a
+// second first: one or two attempts in half a second, not a tight loop),
+// and the waits stop growing at BackoffMax.
+func TestBackoffBounds(t *testing.T) {
+	if n := attempts(t, Options{}, 500*time.Millisecond); n > 2 {
+		t.Errorf("%d attempts in 0.5 s with the default backoff (1 s first), want at most 2", n)
+	}
+	// 10 ms doubling to at most 20 ms: dozens in 1.5 s; growing past the
+	// maximum, under ten.
+	if n := attempts(t, Options{BackoffInitial: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}, 1500*time.Millisecond); n < 15 {
+		t.Errorf("%d attempts in 1.5 s with waits of at most 20 ms, want 15 or more", n)
+	}
+}
+
+// TestHeadersSent: Headers go to the management server as gRPC metadata
+// when the stream opens (a token, say).
+func TestHeadersSent(t *testing.T) {
+	var mu sync.Mutex
+	var got metadata.MD
+	srv := xdstest.Start(t, "127.0.0.1:0", grpc.StreamInterceptor(func(s any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		md, _ := metadata.FromIncomingContext(ss.Context())
+		mu.Lock()
+		got = md
+		mu.Unlock()
+		return h(s, ss)
+	}))
+	srv.Set("node-h", "1", xdstest.Limit("api", "api", "k", "", 5))
+	out := make(chan loaded, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_ = Run(ctx, Options{Server: srv.Addr, NodeID: "node-h", Headers: map[string]string{"authorization": "Bearer t0k"},
+			OnLoad: func(s *config.Snapshot, err error) { out <- loaded{s, err} }})
+	})
+	defer func() { cancel(); wg.Wait() }()
+	if l := next(t, out); l.err != nil {
+		t.Fatal(l.err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if v := got.Get("authorization"); len(v) != 1 || v[0] != "Bearer t0k" {
+		t.Errorf("metadata at the server: %v", got)
+	}
+}
