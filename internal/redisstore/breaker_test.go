@@ -72,3 +72,32 @@ func TestCanceledRoundTripsKeepBreakerClosed(t *testing.T) {
 		t.Fatal("a round trip that timed out did not count")
 	}
 }
+
+// TestBreakerTrialsPaced: while the breaker is open, a real call goes to
+// Redis as a trial at most once per trialEvery (the first one trialEvery
+// after it opened), and never while a trial is in flight.
+func TestBreakerTrialsPaced(t *testing.T) {
+	b := newBreaker(1, time.Nanosecond, time.Hour, func(context.Context) error { return errors.New("down") }, func(bool) {})
+	defer b.stop()
+	now := time.Now()
+	b.roundTrip(now, now.Add(time.Second), context.DeadlineExceeded)
+	if !b.isOpen() {
+		t.Fatal("the breaker did not open")
+	}
+	if ok, _ := b.allow(); ok {
+		t.Fatalf("a call let through at once after opening, within trialEvery (%v)", b.trialEvery)
+	}
+	every := b.trialEvery
+	b.trialEvery = 0 // as if trialEvery had passed
+	if ok, trial := b.allow(); !ok || !trial {
+		t.Fatalf("after trialEvery: ok %v trial %v, want a trial", ok, trial)
+	}
+	if ok, _ := b.allow(); ok {
+		t.Error("a second call let through while the trial is in flight")
+	}
+	b.trialDone()
+	b.trialEvery = every
+	if ok, _ := b.allow(); ok {
+		t.Error("a call let through right after a trial, within trialEvery")
+	}
+}
