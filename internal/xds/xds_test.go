@@ -426,6 +426,10 @@ func TestBackoffBounds(t *testing.T) {
 	if n := attempts(t, Options{BackoffInitial: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}, 1500*time.Millisecond); n < 15 {
 		t.Errorf("%d attempts in 1.5 s with waits of at most 20 ms, want 15 or more", n)
 	}
+	// A maximum equal to the first wait is kept: the waits never grow.
+	if n := attempts(t, Options{BackoffInitial: 20 * time.Millisecond, BackoffMax: 20 * time.Millisecond}, 1500*time.Millisecond); n < 15 {
+		t.Errorf("%d attempts in 1.5 s with waits of 20 ms, want 15 or more", n)
+	}
 }
 
 // TestHeadersSent: Headers go to the management server as gRPC metadata
