@@ -84,7 +84,11 @@ func acked(version string) func(*discovery.DiscoveryRequest) bool {
 // rules in force kept: nothing is handed over) and, after the server
 // restarts with a new set, that set.
 func TestStream(t *testing.T) {
-	srv := xdstest.Start(t, "127.0.0.1:0")
+	var streams atomic.Int64
+	srv := xdstest.Start(t, "127.0.0.1:0", grpc.StreamInterceptor(func(x any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		streams.Add(1)
+		return h(x, ss)
+	}))
 	srv.Set("node-a", "1", xdstest.Limit("api", "api", "path", "/a", 5), xdstest.Limit("web", "web", "host", "", 50))
 	ch := run(t, srv.Addr)
 
@@ -151,6 +155,11 @@ func TestStream(t *testing.T) {
 	case l := <-ch:
 		t.Errorf("the same invalid set reported again: %v", l.err)
 	default:
+	}
+
+	// One stream carried all of it: ACKs and NACKs keep the stream open.
+	if n := streams.Load(); n != 1 {
+		t.Errorf("%d streams opened before the restart, want 1", n)
 	}
 
 	// The server restarts on the same address with a new set.
