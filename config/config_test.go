@@ -347,3 +347,26 @@ func TestGeneratorOutput(t *testing.T) {
 		t.Errorf("documents without a domain: %v", err)
 	}
 }
+
+// TestWildcardStarsMatchNothing: each '*' matches zero bytes too, at the
+// end, at the start, or between parts that then touch; parts out of
+// order, or overlapping, do not match.
+func TestWildcardStarsMatchNothing(t *testing.T) {
+	for _, c := range []struct {
+		pattern, value string
+		want           bool
+	}{
+		{"/api/*", "/api/", true},
+		{"*.example.com", ".example.com", true},
+		{"a*b*c", "abc", true},
+		{"a*b*c", "a-b-c", true},
+		{"a*bc*bd", "abcbd", true},
+		{"a*b*c", "acb", false},
+		{"ab*ba", "aba", false},
+		{"a*b*c*d", "abdc", false},
+	} {
+		if got := wildcardMatch(strings.Split(c.pattern, "*"), c.value); got != c.want {
+			t.Errorf("%q against %q: %v, want %v", c.value, c.pattern, got, c.want)
+		}
+	}
+}
