@@ -342,6 +342,13 @@ func TestGeneratorOutput(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `typo.yaml:4: unknown field "descriptor"`) {
 		t.Errorf("typo in the second document: %v", err)
 	}
+	// A domain whose descriptors are written out empty or null has no
+	// rules, and is no error.
+	for _, doc := range []string{"domain: e\ndescriptors:\n", "domain: e\ndescriptors: null\n", "domain: e\ndescriptors: []\n"} {
+		if s, err := Parse("empty.yaml", []byte(doc)); err != nil || s.Domain("e") == nil || len(s.Domain("e").Rules()) != 0 {
+			t.Errorf("%q: %v", doc, err)
+		}
+	}
 	// Comments and '---' alone are no domain.
 	if _, err := Parse("empty.yaml", []byte("---\n# nothing\n---\n")); err == nil || !strings.Contains(err.Error(), "empty file") {
 		t.Errorf("documents without a domain: %v", err)

@@ -115,6 +115,7 @@ muts = [
     ("95 xDS waits grow past a BackoffMax equal to the first","internal/xds/xds.go","if o.BackoffMax < o.BackoffInitial {","if o.BackoffMax <= o.BackoffInitial {","./internal/xds","TestBackoffBounds"),
     ("96 the xDS stream reopened after each ACK","internal/xds/xds.go","\t\tif err := s.client.Ack(); err != nil {\n\t\t\treturn got, err\n\t\t}\n\t}\n}","\t\tif err := s.client.Ack(); err == nil {\n\t\t\treturn got, err\n\t\t}\n\t}\n}","./internal/xds","TestStream"),
     ("97 a wildcard's star must match at least one byte","config/match.go","if len(s) < len(first)+len(last) ||","if len(s) <= len(first)+len(last) ||","./config","TestWildcardStarsMatchNothing"),
+    ("98 descriptors: null refused","config/parse.go","if n == nil || (n.Kind == yaml.ScalarNode && n.Tag == \"!!null\") {","if n == nil || (n.Kind != yaml.ScalarNode && n.Tag == \"!!null\") {","./config","TestGeneratorOutput"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]
