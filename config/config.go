@@ -127,6 +127,14 @@ func (f FailureMode) String() string {
 	return "unset"
 }
 
+// PathSegment is one level of a rule's Path: key, or key_value.
+func PathSegment(key, value string) string {
+	if value == "" {
+		return key
+	}
+	return key + "_" + value
+}
+
 // Parent returns the rule one level up, or nil for a top-level rule.
 func (r *Rule) Parent() *Rule { return r.parent }
 

@@ -280,10 +280,7 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 	if strings.Contains(r.Value, "*") {
 		r.wildcard = strings.Split(r.Value, "*")
 	}
-	seg := r.Key
-	if r.Value != "" {
-		seg += "_" + r.Value
-	}
+	seg := PathSegment(r.Key, r.Value)
 	if parent != nil {
 		r.Path = parent.Path + "." + seg
 	} else {

@@ -116,6 +116,13 @@ muts = [
     ("96 the xDS stream reopened after each ACK","internal/xds/xds.go","\t\tif err := s.client.Ack(); err != nil {\n\t\t\treturn got, err\n\t\t}\n\t}\n}","\t\tif err := s.client.Ack(); err == nil {\n\t\t\treturn got, err\n\t\t}\n\t}\n}","./internal/xds","TestStream"),
     ("97 a wildcard's star must match at least one byte","config/match.go","if len(s) < len(first)+len(last) ||","if len(s) <= len(first)+len(last) ||","./config","TestWildcardStarsMatchNothing"),
     ("98 descriptors: null refused","config/parse.go","if n == nil || (n.Kind == yaml.ScalarNode && n.Tag == \"!!null\") {","if n == nil || (n.Kind != yaml.ScalarNode && n.Tag == \"!!null\") {","./config","TestGeneratorOutput"),
+    ("99 DogStatsD mogrifiers do not rename","internal/compatstats/dogstatsd.go","\t\tn.name = expand(m.Name, groups)\n","\t\tn.name = base\n","./cmd/ratelimitd","TestDogStatsd"),
+    ("100 an unresolvable statsd host accepted","internal/compatstats/compatstats.go","if _, err := net.LookupHost(host); err != nil {","if _, err := net.LookupHost(host); err != nil && false {","./internal/compatstats","TestBadSinks"),
+    ("101 stats flushed on the request path","internal/compatstats/rules.go","\ts.respTimer.AddValue(ms)\n","\ts.respTimer.AddValue(ms)\n\ts.Flush()\n","./internal/compatstats","TestStuckSink"),
+    ("102 stats sink failures not counted","internal/compatstats/compatstats.go","if s.opts.OnSinkError != nil {","if s.opts.OnSinkError != nil && false {","./internal/compatstats","TestStuckSink"),
+    ("103 value_to_metric ignored in stat names","internal/compatstats/rules.go","case r.DetailedMetric || (l.ValueToMetric && (l.Value == \"\" || l.IsWildcard())):","case r.DetailedMetric:","./internal/compatstats","TestPaths"),
+    ("104 the PromQL check ignores groupings","deploy/promql_test.go","for _, l := range n.Grouping {","for _, l := range n.Grouping[:0] {","./deploy","TestDashboardCheckCatches"),
+    ("105 global shadow answers not counted","internal/service/decide.go","\t\t\ts.opts.Compat.GlobalShadow()\n","","./internal/service","TestLocalCacheStats"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]

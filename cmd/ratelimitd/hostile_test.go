@@ -61,15 +61,16 @@ func procKB(t *testing.T, field string) int {
 
 func scrape(t *testing.T, httpAddr, metric string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + httpAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, metric+" ") {
-			return strings.TrimPrefix(line, metric+" ")
+	return scrapeAt(t, "http://"+httpAddr+"/metrics", metric)
+}
+
+// scrapeAt returns metric's value (metric with its labels, as exposed) in
+// the text exposition at url, "" when absent.
+func scrapeAt(t *testing.T, url, metric string) string {
+	t.Helper()
+	for _, line := range strings.Split(get(t, url), "\n") {
+		if v, ok := strings.CutPrefix(line, metric+" "); ok {
+			return v
 		}
 	}
 	return ""

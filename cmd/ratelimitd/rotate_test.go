@@ -56,14 +56,20 @@ func handshake(addr string, conf *tls.Config) error {
 // eventually waits up to 2 s for ok.
 func eventually(t *testing.T, what string, ok func() error) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	eventuallyWithin(t, 2*time.Second, what, ok)
+}
+
+// eventuallyWithin retries ok every 20 ms until it passes or d is over.
+func eventuallyWithin(t *testing.T, d time.Duration, what string, ok func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for {
 		err := ok()
 		if err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 2 s: %v", what, err)
+			t.Fatalf("%s: not within %v: %v", what, d, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

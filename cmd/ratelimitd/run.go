@@ -358,27 +358,33 @@ func cmdline(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprint(w, strings.Join(args, "\x00"))
 }
 
-// startDebug serves pprof on addr until the returned stop is called,
-// which closes the server and waits for its goroutine.
+// startDebug serves pprof on addr until the returned stop is called.
 func startDebug(addr string, log *slog.Logger) (stop func(), err error) {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--debug-addr: %w", err)
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return serveAside("--debug-addr", addr, mux, log)
+}
+
+// serveAside serves h on addr, a listener of its own beside the main
+// ones, until the returned stop is called, which closes the server and
+// waits for its goroutine. flag names addr in errors and logs.
+func serveAside(flag, addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := srv.Serve(lis); err != nil && err != http.ErrServerClosed {
-			log.Error("debug server stopped", "err", err)
+			log.Error("server stopped", "flag", flag, "err", err)
 		}
 	})
-	log.Info("pprof on --debug-addr", "addr", lis.Addr().String())
+	log.Info("serving on "+flag, "addr", lis.Addr().String())
 	return func() {
 		_ = srv.Close()
 		wg.Wait()
@@ -423,24 +429,9 @@ func newCompatStats(s *settings, m *metrics.Metrics, log *slog.Logger) (*compats
 // serveCompat serves envoyproxy/ratelimit's stats as Prometheus metrics on
 // addr until the returned stop is called.
 func serveCompat(addr, path string, c *compatstats.Stats, log *slog.Logger) (stop func(), err error) {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--compat-metrics-addr: %w", err)
-	}
 	mux := http.NewServeMux()
 	mux.Handle(path, promhttp.HandlerFor(c.Registry(), promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := srv.Serve(lis); err != nil && err != http.ErrServerClosed {
-			log.Error("compat metrics server stopped", "err", err)
-		}
-	})
-	log.Info("serving envoyproxy/ratelimit's stats as Prometheus metrics", "addr", lis.Addr().String(), "path", path)
-	return func() {
-		_ = srv.Close()
-		wg.Wait()
-	}, nil
+	return serveAside("--compat-metrics-addr", addr, mux, log)
 }
 
 // newTracing starts the trace pipeline when --tracing-endpoint is set,

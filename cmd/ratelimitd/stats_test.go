@@ -265,18 +265,6 @@ func promLines(t *testing.T, addr string) string {
 	return strings.Join(out, "\n") + "\n"
 }
 
-// scrapeAt returns metric's value in the text exposition at url, "" when
-// absent.
-func scrapeAt(t *testing.T, url, metric string) string {
-	t.Helper()
-	for _, l := range strings.Split(get(t, url), "\n") {
-		if name, v, ok := strings.Cut(l, " "); ok && name == metric {
-			return v
-		}
-	}
-	return ""
-}
-
 // TestDogStatsd: with USE_DOG_STATSD the stats go to a DogStatsD agent
 // over UDP, EXTRA_TAGS as DogStatsD tags, renamed by the incumbent's
 // mogrifiers (here: the key path into tags, as DataDog users configure
@@ -305,7 +293,7 @@ func TestDogStatsd(t *testing.T) {
 		"ratelimit_server.ShouldRateLimit.response_time #env:test":                             16,
 		"ratelimit.service.config_load_success #env:test":                                      1,
 	}
-	eventually20s(t, "DogStatsD stats", func() error {
+	eventuallyWithin(t, 20*time.Second, "DogStatsD stats", func() error {
 		sd.mu.Lock()
 		defer sd.mu.Unlock()
 		for name, v := range want {

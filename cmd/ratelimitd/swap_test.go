@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -92,9 +91,10 @@ func TestImageSwap(t *testing.T) {
 	})
 	getWithin(t, "http://127.0.0.1:"+httpPort+"/healthcheck", &log)
 
-	pool := x509.NewCertPool()
-	pem, _ := os.ReadFile(certs.CA)
-	pool.AppendCertsFromPEM(pem)
+	pool, err := loadPool("ca", certs.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cc, err := grpc.NewClient("127.0.0.1:"+grpcPort, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
 	if err != nil {
 		t.Fatal(err)
@@ -132,29 +132,12 @@ func TestImageSwap(t *testing.T) {
 	if ok != 5 {
 		t.Errorf("%d of 8 admitted by the 5/hour policy, want 5", ok)
 	}
-	eventually20s(t, "the incumbent's stats at the statsd server", func() error {
+	eventuallyWithin(t, 20*time.Second, "the incumbent's stats at the statsd server", func() error {
 		if !sd.has("ratelimit.service.rate_limit.gw.ip.over_limit") || !sd.has("ratelimit_server.ShouldRateLimit.total_requests") {
 			return fmt.Errorf("got:\n%s", sd.lines())
 		}
 		return nil
 	})
-}
-
-// eventually20s retries ok for up to 20 s, for what a busy machine may
-// take seconds to show.
-func eventually20s(t *testing.T, what string, ok func() error) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		err := ok()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // TestEnvFor: under the incumbent's name the environment is read as the

@@ -230,7 +230,7 @@ func TestTracingHTTP(t *testing.T) {
 	if slowest > time.Second {
 		t.Errorf("a decision took %v with the collector unreachable", slowest)
 	}
-	eventually20s(t, "spans counted as lost", func() error {
+	eventuallyWithin(t, 20*time.Second, "spans counted as lost", func() error {
 		if v := scrape(t, in.httpAddr, `ratelimitd_trace_spans_dropped_total{reason="export_failed"}`); v == "" || v == "0" {
 			return fmt.Errorf("export_failed %q", v)
 		}

@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -162,12 +160,10 @@ func mtlsServer(t *testing.T, c *redistest.Certs, clientCA string) grpc.ServerOp
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := x509.NewCertPool()
-	pem, err := os.ReadFile(clientCA)
+	pool, err := loadPool("client ca", clientCA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool.AppendCertsFromPEM(pem)
 	return grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool,
 		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}))
 }

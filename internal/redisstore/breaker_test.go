@@ -12,8 +12,7 @@ import (
 // TestBreakerIgnoresStaleRoundTrips: a round trip that began before Redis
 // last answered waited behind a stall that is over, and does not count.
 func TestBreakerIgnoresStaleRoundTrips(t *testing.T) {
-	b := newBreaker(1, time.Nanosecond, time.Hour, func(context.Context) error { return errors.New("down") }, func(bool) {})
-	defer b.stop()
+	b := downBreaker(t)
 	began := time.Now().Add(-time.Millisecond)
 	b.success()
 	b.roundTrip(began, began.Add(time.Second), context.DeadlineExceeded)
@@ -56,8 +55,7 @@ func TestOpenBreakerProbesBackToBack(t *testing.T) {
 // canceled say nothing about Redis: however many, for however long, they
 // never open the breaker; the same round trips timing out do.
 func TestCanceledRoundTripsKeepBreakerClosed(t *testing.T) {
-	b := newBreaker(1, time.Nanosecond, time.Hour, func(context.Context) error { return errors.New("down") }, func(bool) {})
-	defer b.stop()
+	b := downBreaker(t)
 	for range 10 {
 		now := time.Now()
 		b.roundTrip(now, now.Add(time.Second), fmt.Errorf("eval: %w", context.Canceled))
@@ -77,8 +75,7 @@ func TestCanceledRoundTripsKeepBreakerClosed(t *testing.T) {
 // Redis as a trial at most once per trialEvery (the first one trialEvery
 // after it opened), and never while a trial is in flight.
 func TestBreakerTrialsPaced(t *testing.T) {
-	b := newBreaker(1, time.Nanosecond, time.Hour, func(context.Context) error { return errors.New("down") }, func(bool) {})
-	defer b.stop()
+	b := downBreaker(t)
 	now := time.Now()
 	b.roundTrip(now, now.Add(time.Second), context.DeadlineExceeded)
 	if !b.isOpen() {
@@ -100,4 +97,12 @@ func TestBreakerTrialsPaced(t *testing.T) {
 	if ok, _ := b.allow(); ok {
 		t.Error("a call let through right after a trial, within trialEvery")
 	}
+}
+
+// downBreaker is a breaker that opens on the first failed round trip,
+// whose probe always fails; it stops at the test's end.
+func downBreaker(t *testing.T) *breaker {
+	b := newBreaker(1, time.Nanosecond, time.Hour, func(context.Context) error { return errors.New("down") }, func(bool) {})
+	t.Cleanup(b.stop)
+	return b
 }

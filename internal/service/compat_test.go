@@ -52,7 +52,12 @@ func TestLocalCacheStats(t *testing.T) {
 				got[f.GetName()] += m.GetCounter().GetValue()
 			}
 		}
-		if got["ratelimit_service_global_shadow_mode"] > 0 {
+		// The batch is applied one event at a time: wait for all of it.
+		done := true
+		for name, w := range want {
+			done = done && got[name] == w
+		}
+		if done {
 			break
 		}
 	}

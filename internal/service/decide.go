@@ -40,7 +40,9 @@ type checkState struct {
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
 	resp, err := s.decide(ctx, req, start)
-	s.opts.Compat.Request(time.Since(start))
+	if s.opts.Compat != nil { // no clock read for it when the stats are off
+		s.opts.Compat.Request(time.Since(start))
+	}
 	return resp, err
 }
 

@@ -368,21 +368,13 @@ func unknownUnits(domain string, ds []*rlsconf.RateLimitDescriptor, at string) e
 		here := fmt.Sprintf("%s[%d]", at, i)
 		if u := d.GetRateLimit().GetUnit(); u != rlsconf.RateLimitUnit_UNKNOWN && config.Unit(u).Duration() == 0 {
 			errs = append(errs, fmt.Errorf("%s (rule %s): rate_limit.unit %d is no unit of RateLimitConfig (want SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR)",
-				here, domain+"."+ruleKey(d), int32(u)))
+				here, domain+"."+config.PathSegment(d.GetKey(), d.GetValue()), int32(u)))
 		}
-		if err := unknownUnits(domain+"."+ruleKey(d), d.GetDescriptors(), here+".descriptors"); err != nil {
+		if err := unknownUnits(domain+"."+config.PathSegment(d.GetKey(), d.GetValue()), d.GetDescriptors(), here+".descriptors"); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// ruleKey is a level of the stats path: key, or key_value.
-func ruleKey(d *rlsconf.RateLimitDescriptor) string {
-	if d.GetValue() == "" {
-		return d.GetKey()
-	}
-	return d.GetKey() + "_" + d.GetValue()
 }
 
 // quotaFieldNumber is RateLimitDescriptor.quota_mode in the current proto;

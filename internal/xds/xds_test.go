@@ -365,23 +365,9 @@ func TestSetSumIgnoresOrder(t *testing.T) {
 // waits between attempts double up to the maximum: in 1.5 s with waits
 // starting at 20 ms, a handful of attempts, not one every 20 ms.
 func TestBackoffGrows(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close() // nothing listens there
-	var attempts atomic.Int64
-	log := slog.New(countHandler{&attempts, "xds: stream to the management server ended"})
-	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
-	defer cancel()
-	if err := Run(ctx, Options{Server: addr, BackoffInitial: 20 * time.Millisecond, BackoffMax: 5 * time.Second,
-		Logger: log, OnLoad: func(*config.Snapshot, error) {}}); err != nil {
-		t.Fatal(err)
-	}
 	// Doubling from 20 ms (each wait jittered within its second half):
 	// at most 8 attempts fit in 1.5 s; a wait that never grew, 75 or so.
-	if n := attempts.Load(); n < 2 || n > 9 {
+	if n := attempts(t, Options{BackoffInitial: 20 * time.Millisecond, BackoffMax: 5 * time.Second}, 1500*time.Millisecond); n < 2 || n > 9 {
 		t.Errorf("%d attempts in 1.5 s, want 2 to 9 (doubling waits)", n)
 	}
 }
