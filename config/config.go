@@ -151,7 +151,11 @@ type Domain struct {
 	// name, as generators write it), "" when it has none.
 	ConfigName string
 	File       string
-	root       *level
+	// RLQSKeys are rlqs.descriptor_keys: the bucket id keys whose values,
+	// in this order, make an RLQS bucket's descriptor (nil: the domain
+	// limits no RLQS bucket).
+	RLQSKeys []string
+	root     *level
 	// rules in file order, depth first, for dumps.
 	rules []*Rule
 }
@@ -250,4 +254,48 @@ type keyRules struct {
 	exact     map[string]*Rule
 	wildcards []*Rule // file order: the first match wins
 	def       *Rule   // the key-only rule
+}
+
+// MinRLQSWindow is the shortest window check-config accepts without a
+// warning for a rule RLQS buckets reach: Envoy reports every 5 s and
+// assignments last whole seconds ending before the window does, so a
+// shorter window is mostly spent denying (see docs/ARCHITECTURE.md).
+const MinRLQSWindow = 10 * time.Second
+
+// RLQSRule reports whether RLQS buckets can reach r: its domain has
+// rlqs.descriptor_keys and r's keys, from the top, are a prefix of them.
+func (d *Domain) RLQSRule(r *Rule) bool {
+	if len(d.RLQSKeys) < r.depth {
+		return false
+	}
+	for n := r; n != nil; n = n.parent {
+		if d.RLQSKeys[n.depth-1] != n.Key {
+			return false
+		}
+	}
+	return true
+}
+
+// Warnings returns what loads but is likely not what was meant, one line
+// each with the rule's file and line: today, limits that RLQS buckets
+// reach with a window under MinRLQSWindow.
+func (s *Snapshot) Warnings() []string {
+	var out []string
+	for _, name := range s.Domains() {
+		d := s.Domain(name)
+		if d.RLQSKeys == nil {
+			continue
+		}
+		for _, r := range d.rules {
+			l := r.Limit
+			if l == nil || l.Unlimited || !d.RLQSRule(r) {
+				continue
+			}
+			if w := l.Window(); w < MinRLQSWindow {
+				out = append(out, fmt.Sprintf("%s:%d: %s: warning: RLQS buckets reach this %s window; under %s, Envoy's 5 s reports and whole-second assignments leave most of each window denied",
+					r.File, r.Line, r.Path, w, MinRLQSWindow))
+			}
+		}
+	}
+	return out
 }

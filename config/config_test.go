@@ -44,6 +44,7 @@ func TestBadConfigs(t *testing.T) {
 		{"burst_without_bucket.bad.yaml", []string{":8: descriptors[0].rate_limit.burst: burst needs algorithm: token_bucket"}},
 		{"zero_multiplier.bad.yaml", []string{":7: descriptors[0].rate_limit.unit_multiplier: must be at least 1"}},
 		{"bad_failure_mode.bad.yaml", []string{`:4: descriptors[0].failure_mode: unknown failure_mode "closed" (want allow or deny)`}},
+		{"rlqs_duplicate_key.bad.yaml", []string{`:3: rlqs.descriptor_keys[1]: duplicate key "tenant"`}},
 		{"many_errors.bad.yaml", []string{`:5: descriptors[0].rate_limit.unit: unknown unit "fortnight"`,
 			":6: descriptors[0].rate_limit.requests_per_unit: -3 is out of range", ":7: descriptors[1].key: missing or empty key"}},
 	}

@@ -11,13 +11,21 @@ import (
 // value, then wildcards in load order (d's first), then the key-only
 // rule.
 func (d *Domain) merge(o *Domain) []error {
+	var errs []error
+	switch {
+	case o.RLQSKeys == nil:
+	case d.RLQSKeys == nil:
+		d.RLQSKeys = o.RLQSKeys
+	case !slices.Equal(d.RLQSKeys, o.RLQSKeys):
+		errs = append(errs, &Error{File: o.File, Path: "rlqs.descriptor_keys",
+			Msg: fmt.Sprintf("differs from the domain's rlqs.descriptor_keys in %s", d.File)})
+	}
 	if o.root == nil {
-		return nil
+		return errs
 	}
 	if d.root == nil {
 		d.root = &level{byKey: map[string]*keyRules{}}
 	}
-	var errs []error
 	dup := func(r, prev *Rule) {
 		errs = append(errs, &Error{File: r.File, Line: r.Line, Path: r.Path,
 			Msg: fmt.Sprintf("duplicate descriptor across merged files (also defined at %s:%d)", prev.File, prev.Line)})

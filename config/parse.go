@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -174,11 +175,14 @@ func (p *parser) fields(n *yaml.Node, path string, known ...string) map[string]*
 func (p *parser) domain(n *yaml.Node) *Domain {
 	// name is a RateLimitConfig's own name, which generators write out;
 	// the domain is what identifies the rules.
-	f := p.fields(n, "", "domain", "descriptors", "name")
+	f := p.fields(n, "", "domain", "descriptors", "name", "rlqs")
 	if f == nil {
 		return nil
 	}
 	d := &Domain{File: p.file}
+	if v, ok := f["rlqs"]; ok {
+		d.RLQSKeys = p.rlqs(v)
+	}
 	if v, ok := f["name"]; ok {
 		d.ConfigName, _ = p.str(v, "name")
 	}
@@ -190,6 +194,52 @@ func (p *parser) domain(n *yaml.Node) *Domain {
 	}
 	d.root = p.descriptors(f["descriptors"], "descriptors", d, nil)
 	return d
+}
+
+// MaxRLQSKeys bounds rlqs.descriptor_keys: a bucket's descriptor has at
+// most this many entries, the default bound of a request's descriptor.
+const MaxRLQSKeys = 32
+
+// rlqs reads a domain's `rlqs: {descriptor_keys: [k1, k2, ...]}`: the
+// bucket id keys that make an RLQS bucket's descriptor, in order.
+func (p *parser) rlqs(n *yaml.Node) []string {
+	f := p.fields(n, "rlqs", "descriptor_keys")
+	if f == nil {
+		return nil
+	}
+	v, ok := f["descriptor_keys"]
+	if !ok {
+		p.errorf(n, "rlqs.descriptor_keys", "missing descriptor_keys (the bucket id keys, in descriptor order)")
+		return nil
+	}
+	if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
+		p.errorf(v, "rlqs.descriptor_keys", "want a non-empty list of keys, got %s", kindName(v))
+		return nil
+	}
+	if len(v.Content) > MaxRLQSKeys {
+		p.errorf(v, "rlqs.descriptor_keys", "%d keys, more than the %d allowed", len(v.Content), MaxRLQSKeys)
+		return nil
+	}
+	if !p.charge(1 + len(v.Content)) {
+		return nil
+	}
+	keys := make([]string, 0, len(v.Content))
+	for i, c := range v.Content {
+		path := fmt.Sprintf("rlqs.descriptor_keys[%d]", i)
+		k, ok := p.str(deref(c), path)
+		switch {
+		case !ok:
+		case k == "":
+			p.errorf(c, path, "empty key")
+		case len(k) > MaxValueBytes:
+			p.errorf(c, path, "%d bytes, more than the %d allowed", len(k), MaxValueBytes)
+		case slices.Contains(keys, k):
+			p.errorf(c, path, "duplicate key %q", Truncate(k, 64))
+		default:
+			keys = append(keys, k)
+		}
+	}
+	return keys
 }
 
 func (p *parser) descriptors(n *yaml.Node, path string, d *Domain, parent *Rule) *level {

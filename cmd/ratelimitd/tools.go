@@ -53,6 +53,9 @@ func checkConfig(ctx context.Context, args []string, out io.Writer) error {
 	for _, d := range snap.Domains() {
 		rules += len(snap.Domain(d).Rules())
 	}
+	for _, w := range snap.Warnings() {
+		fmt.Fprintln(out, w)
+	}
 	fmt.Fprintf(out, "%s: ok: %d file(s), %d domain(s), %d rule(s), hash %s\n", strings.Join(fs.Args(), " "), len(snap.Files), len(snap.Domains()), rules, snap.Hash[:12])
 	return nil
 }
