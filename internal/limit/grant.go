@@ -1,5 +1,38 @@
 package limit
 
+// GrantOp is one take or give-back of lease hits on a counter (see
+// Grant, GiveBack and redisstore's grant.lua).
+type GrantOp struct {
+	// Check names the counter and its rule; Hits is how many to take or
+	// give back.
+	Check Check
+	// GiveBack returns Hits unused hits of a grant taken in the window
+	// ending at WindowEndUS (ignored for a token bucket).
+	GiveBack    bool
+	WindowEndUS int64
+}
+
+// GrantResult is a GrantOp's outcome.
+type GrantResult struct {
+	// Hits is how many were taken (a take) or given back.
+	Hits uint64
+	// Remaining is what the counter has left after it.
+	Remaining uint64
+	// ResetUS is the time until the window ends (for a token bucket,
+	// until one more hit is allowed).
+	ResetUS int64
+	// WindowEndUS is the end of the window, on the store's clock, that
+	// the hits were taken in (0 for a token bucket): a give-back names it.
+	WindowEndUS int64
+}
+
+// Report returns what a counter in state st has left at nowUS, the time
+// until its window ends (for a token bucket: until one more hit), and
+// when its state stops mattering (0: it can be dropped now).
+func Report(c *Check, st *State, nowUS int64) (remaining uint64, resetUS, expireAt int64) {
+	return report(c, st, nowUS)
+}
+
 // Grant takes up to n hits of c's counter at nowUS for a lease: as many
 // as remain in the window (fixed and sliding window) or as the bucket
 // holds (token bucket), never more, and consumes them now as n hits of a

@@ -119,3 +119,37 @@ func (sh *shard) sweepLocked(now int64) {
 		}
 	}
 }
+
+// Grant takes or gives back lease hits (limit.Grant, limit.GiveBack), each
+// op on its own counter state, as redisstore's grant script does.
+func (s *Store) Grant(_ context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error) {
+	now := s.now().UnixMicro()
+	out := make([]limit.GrantResult, len(ops))
+	for i := range ops {
+		c := &ops[i].Check
+		sh := &s.shards[maphash.String(s.seed, c.Key)%shards]
+		sh.mu.Lock()
+		sh.sweepLocked(now)
+		ctr, found := sh.counters[c.Key]
+		found = found && ctr.expireAt > now
+		st := ctr.state
+		r := &out[i]
+		if ops[i].GiveBack {
+			r.Hits = limit.GiveBack(c, &st, found, now, ops[i].WindowEndUS, c.SaturatedHits())
+		} else {
+			r.Hits = limit.Grant(c, &st, found, now, c.SaturatedHits())
+		}
+		var expire int64
+		r.Remaining, r.ResetUS, expire = limit.Report(c, &st, now)
+		if c.Algorithm != limit.TokenBucket {
+			r.WindowEndUS = st.End
+		}
+		if expire == 0 {
+			delete(sh.counters, c.Key)
+		} else {
+			sh.counters[c.Key] = counter{state: st, expireAt: expire}
+		}
+		sh.mu.Unlock()
+	}
+	return out, nil
+}

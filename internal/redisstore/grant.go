@@ -10,31 +10,11 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
-// GrantOp is one take or give-back of lease hits on a counter (see
-// scripts/grant.lua and limit.Grant).
-type GrantOp struct {
-	// Check names the counter and its rule; Hits is how many to take or
-	// give back.
-	Check limit.Check
-	// GiveBack returns Hits unused hits of a grant taken in the window
-	// ending at WindowEndUS (ignored for a token bucket).
-	GiveBack    bool
-	WindowEndUS int64
-}
-
-// GrantResult is a GrantOp's outcome.
-type GrantResult struct {
-	// Hits is how many were taken (a take) or given back.
-	Hits uint64
-	// Remaining is what the counter has left after it.
-	Remaining uint64
-	// ResetUS is the time until the window ends (for a token bucket,
-	// until one more hit is allowed).
-	ResetUS int64
-	// WindowEndUS is the end of the window, on Redis's clock, that the
-	// hits were taken in (0 for a token bucket): a give-back names it.
-	WindowEndUS int64
-}
+// GrantOp and GrantResult are limit's: memstore grants too.
+type (
+	GrantOp     = limit.GrantOp
+	GrantResult = limit.GrantResult
+)
 
 // Grant takes or gives back lease hits, one script call for all ops (one
 // per op on Cluster, where their keys may sit in different slots). It is
