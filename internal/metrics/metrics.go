@@ -42,6 +42,12 @@ type Metrics struct {
 	LeaseRefills      *prometheus.CounterVec
 	StatsSinkErrors   *prometheus.CounterVec
 	SpansDropped      *prometheus.CounterVec
+	RLQSStreams       prometheus.Gauge
+	RLQSBuckets       prometheus.Gauge
+	RLQSAssignments   *prometheus.CounterVec
+	RLQSGrants        *prometheus.CounterVec
+	RLQSGrantHits     *prometheus.CounterVec
+	RLQSRejected      *prometheus.CounterVec
 }
 
 // New registers every collector, with Go and process collectors, on a new
@@ -150,6 +156,30 @@ func New(version string) *Metrics {
 			Name: "ratelimitd_trace_spans_dropped_total",
 			Help: "Trace spans lost by reason: queue_full (the collector is slower than the spans come) or export_failed (it refused them or could not be reached); decisions never wait for it.",
 		}, []string{"reason"}),
+		RLQSStreams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimitd_rlqs_streams",
+			Help: "Open RLQS streams (--rlqs): one per Envoy and domain.",
+		}),
+		RLQSBuckets: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimitd_rlqs_buckets",
+			Help: "RLQS buckets the open streams report.",
+		}),
+		RLQSAssignments: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_rlqs_assignments_total",
+			Help: "Bucket actions sent to Envoys by kind: token_bucket (a grant), allow_all (no limit, shadow, or failure_mode allow), deny_all (budget spent, before a fresh grant, or failure_mode deny), abandon (idle).",
+		}, []string{"kind"}),
+		RLQSGrants: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_rlqs_grants_total",
+			Help: "Grants asked of the store for RLQS buckets by result: taken, empty (nothing remained), failed (the store could not answer: the failure mode decides), returned (taken too near the window's end to hand out, given back).",
+		}, []string{"result"}),
+		RLQSGrantHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_rlqs_grant_hits_total",
+			Help: "Hits of RLQS grants: granted (taken from the counter and handed to an Envoy), given_back (returned unused).",
+		}, []string{"what"}),
+		RLQSRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_rlqs_reports_rejected_total",
+			Help: "RLQS usage reports (whole messages) or bucket reports refused, by reason: report_too_large, bucket_id_empty, bucket_id_too_large, too_many_buckets, too_many_streams, bad_domain. A refused bucket gets no assignment: Envoy's no_assignment_behavior decides it.",
+		}, []string{"reason"}),
 		XDSConnected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratelimitd_xds_connected",
 			Help: "1 while the stream to the xDS management server (--xds-server) is open; the rules in force stay while it is not.",
@@ -163,7 +193,8 @@ func New(version string) *Metrics {
 	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.ShadowRequests, m.RequestDuration,
 		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
 		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, m.XDSConnected,
-		m.LeaseDecisions, m.LeaseGrants, m.LeaseHits, m.LeaseRefills, m.StatsSinkErrors, m.SpansDropped, buildInfo)
+		m.LeaseDecisions, m.LeaseGrants, m.LeaseHits, m.LeaseRefills, m.StatsSinkErrors, m.SpansDropped,
+		m.RLQSStreams, m.RLQSBuckets, m.RLQSAssignments, m.RLQSGrants, m.RLQSGrantHits, m.RLQSRejected, buildInfo)
 	return m
 }
 
@@ -358,5 +389,47 @@ func (m *Metrics) StatsSinkError(sink string) {
 func (m *Metrics) SpansLost(reason string, n int) {
 	if m != nil {
 		m.SpansDropped.WithLabelValues(reason).Add(float64(n))
+	}
+}
+
+// RLQSStream counts an RLQS stream opening (+1) or ending (-1).
+func (m *Metrics) RLQSStream(delta int) {
+	if m != nil {
+		m.RLQSStreams.Add(float64(delta))
+	}
+}
+
+// RLQSBucket counts RLQS buckets added (+n) or dropped (-n).
+func (m *Metrics) RLQSBucket(delta int) {
+	if m != nil {
+		m.RLQSBuckets.Add(float64(delta))
+	}
+}
+
+// RLQSAssignment counts one bucket action sent, by kind.
+func (m *Metrics) RLQSAssignment(kind string) {
+	if m != nil {
+		m.RLQSAssignments.WithLabelValues(kind).Inc()
+	}
+}
+
+// RLQSGrant counts one grant asked for RLQS by result, and its hits
+// (granted for a take, given_back for a return).
+func (m *Metrics) RLQSGrant(result string, hits uint64) {
+	if m != nil {
+		m.RLQSGrants.WithLabelValues(result).Inc()
+		switch result {
+		case "taken":
+			m.RLQSGrantHits.WithLabelValues("granted").Add(float64(hits))
+		case "returned":
+			m.RLQSGrantHits.WithLabelValues("given_back").Add(float64(hits))
+		}
+	}
+}
+
+// RLQSReject counts a refused RLQS report or bucket report.
+func (m *Metrics) RLQSReject(reason string) {
+	if m != nil {
+		m.RLQSRejected.WithLabelValues(reason).Inc()
 	}
 }

@@ -460,6 +460,25 @@ func (e *Envoy) Tokens(id map[string]string) float64 {
 	return b.tb.tokens
 }
 
+// Strategy names what decides bucket id now: "none" (no bucket), "default"
+// (no_assignment_behavior), "token_bucket", "allow_all" or "deny_all".
+func (e *Envoy) Strategy(id map[string]string) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	b := e.buckets[BucketKey(id)]
+	switch {
+	case b == nil:
+		return "none"
+	case b.action == nil:
+		return "default"
+	case b.action.GetTokenBucket() != nil:
+		return "token_bucket"
+	case b.action.GetBlanketRule() == typev3.RateLimitStrategy_DENY_ALL:
+		return "deny_all"
+	}
+	return "allow_all"
+}
+
 // Close ends the stream.
 func (e *Envoy) Close() {
 	e.mu.Lock()

@@ -1,0 +1,425 @@
+package rlqs_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/rlqs"
+	"github.com/ratelimitd/ratelimitd/internal/rlqstest"
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+// sim runs a fleet of simulated Envoys against one RLQS server and a real
+// redis-server on one fake clock: the Envoys, the server and the grant
+// script all read it, so a minute of traffic takes milliseconds and
+// nothing depends on the machine's speed. Responses reach the Envoys
+// delta after the server made them (the δ of docs/ARCHITECTURE.md).
+type sim struct {
+	t      *testing.T
+	now    time.Time
+	step   time.Duration
+	delta  time.Duration
+	window time.Duration
+	limit  uint64
+	cfg    simConfig
+
+	srv    *rlqs.Server
+	svc    *service.Service
+	store  *redisstore.Store
+	redis  *redistest.Server
+	envoys []*rlqstest.Envoy
+	links  []*link // the open stream of each Envoy, nil when none
+	cut    []bool  // Envoy i's stream is down and cannot be opened
+	queue  []delivery
+	// admitted counts allowed requests (RLQS and RLS) by window start.
+	admitted map[time.Time]uint64
+	demand   map[time.Time]uint64
+	rls      map[time.Time]uint64
+	// granted counts the hits of grants by the window they were taken
+	// in (give-backs deducted): what RLQS admissions must stay within.
+	granted map[time.Time]int64
+	// tbWindow is, per Envoy, the window the token bucket it was last
+	// sent was granted in; stale counts requests admitted from a token
+	// bucket in a later window than its grant's.
+	tbWindow []time.Time
+	stale    int
+}
+
+// countingGranter is the store, counting grants by window for the sim.
+type countingGranter struct {
+	s     *sim
+	inner rlqs.Granter
+}
+
+func (g countingGranter) Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error) {
+	res, err := g.inner.Grant(ctx, ops)
+	for i, r := range res {
+		w := time.UnixMicro(r.WindowEndUS - ops[i].Check.WindowUS)
+		if ops[i].GiveBack {
+			w = time.UnixMicro(ops[i].WindowEndUS - ops[i].Check.WindowUS)
+			g.s.granted[w] -= int64(r.Hits)
+		} else {
+			g.s.granted[w] += int64(r.Hits)
+		}
+	}
+	return res, err
+}
+
+// checkPaid fails when Envoys admitted more in a window than the grants
+// taken in it: tokens outliving their window.
+func (s *sim) checkPaid(t *testing.T, name string) {
+	t.Helper()
+	if s.stale > 0 {
+		t.Errorf("%s: %d requests admitted from token buckets granted in an earlier window", name, s.stale)
+	}
+	for i, w := range s.windows() {
+		if got := int64(s.admitted[w] - s.rls[w]); got > s.granted[w] {
+			t.Errorf("%s: window %d: Envoys admitted %d, more than the %d hits granted in it", name, i, got, s.granted[w])
+		}
+	}
+}
+
+type delivery struct {
+	at time.Time
+	f  func()
+}
+
+// link is an in-process stream: a session of the server, fed the
+// Envoy's reports on the fake clock.
+type link struct {
+	s       *sim
+	idx     int
+	ss      *rlqs.Session
+	deliver func(*rlqsv3.RateLimitQuotaResponse)
+	closed  func(error)
+	down    bool
+}
+
+func (l *link) Send(r *rlqsv3.RateLimitQuotaUsageReports) error {
+	if l.down {
+		return errors.New("stream down")
+	}
+	resp, err := l.ss.Report(context.Background(), l.s.now, r)
+	if err != nil {
+		l.s.t.Fatalf("report refused: %v", err)
+	}
+	l.s.send(l, resp)
+	return nil
+}
+
+func (l *link) Close() {
+	if !l.down {
+		l.down = true
+		l.ss.Close()
+	}
+}
+
+func (s *sim) send(l *link, resp *rlqsv3.RateLimitQuotaResponse) {
+	if resp == nil {
+		return
+	}
+	asked := s.now.Truncate(s.window)
+	tb := false
+	for _, a := range resp.GetBucketAction() {
+		tb = tb || a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() != nil
+	}
+	s.queue = append(s.queue, delivery{at: s.now.Add(s.delta), f: func() {
+		if !l.down {
+			l.deliver(resp)
+			if tb {
+				s.tbWindow[l.idx] = asked
+			}
+		}
+	}})
+}
+
+type simConfig struct {
+	envoys   int
+	shares   []float64 // of the demand, per Envoy; nil: even
+	demand   float64   // total, in multiples of the limit's rate
+	// burst, when set, multiplies the demand at a time.
+	burst func(at time.Time) float64
+	settings func(domain string) rlqstest.Settings
+	rlsRate  float64 // ShouldRateLimit calls per second on the same rule
+	window   time.Duration
+	limit    uint64
+}
+
+const simRules = `
+domain: edge
+rlqs: {descriptor_keys: [tenant]}
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: %d}
+`
+
+func newSim(t *testing.T, cfg simConfig) *sim {
+	t.Helper()
+	unit := "minute"
+	if cfg.window == 0 {
+		cfg.window = time.Minute
+	}
+	if cfg.window == time.Hour {
+		unit = "hour"
+	}
+	rules := strings.Replace(fmt.Sprintf(simRules, cfg.limit), "minute", unit, 1)
+	snap, err := config.Parse("rules.yaml", []byte(rules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Start off a window boundary: Envoys report every 5 s from their
+	// first request, so grants are then asked for at every fraction of a
+	// second before a window's end.
+	start := time.Unix(1_800_000_000, 0).Truncate(cfg.window).Add(700 * time.Millisecond)
+	s := &sim{t: t, cfg: cfg, now: start, step: 100 * time.Millisecond, delta: 500 * time.Millisecond, window: cfg.window, limit: cfg.limit,
+		admitted: map[time.Time]uint64{}, demand: map[time.Time]uint64{}, rls: map[time.Time]uint64{}, granted: map[time.Time]int64{}}
+	s.redis = redistest.Start(t)
+	s.store, err = redisstore.New(redisstore.Options{URL: s.redis.URL(), Timeout: time.Second, ScriptTime: func() time.Time { return s.now },
+		LeaseInterval: -1, BreakerOpenAfter: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.store.Close() })
+	s.svc = service.New(snap, s.store, nil, service.Options{Now: func() time.Time { return s.now }})
+	s.srv = rlqs.New(s.svc, countingGranter{s, s.store}, rlqs.Options{Now: func() time.Time { return s.now }, Metrics: metrics.New("test")})
+	for i := range cfg.envoys {
+		s.cut = append(s.cut, false)
+		s.tbWindow = append(s.tbWindow, time.Time{})
+		s.links = append(s.links, nil)
+		e := rlqstest.New(cfg.settings("edge"), func(deliver func(*rlqsv3.RateLimitQuotaResponse), closed func(error)) (rlqstest.Conn, error) {
+			if s.cut[i] {
+				return nil, errors.New("connection refused")
+			}
+			ss, err := s.srv.NewSession()
+			if err != nil {
+				return nil, err
+			}
+			l := &link{s: s, idx: i, ss: ss, deliver: deliver, closed: closed}
+			s.links[i] = l
+			return l, nil
+		})
+		s.envoys = append(s.envoys, e)
+	}
+	return s
+}
+
+var bucketID = map[string]string{"tenant": "acme", "route": "checkout"}
+
+// run advances the fleet for d: requests arrive at each Envoy at its share
+// of the demand, evenly spaced.
+func (s *sim) run(d time.Duration) {
+	cfg := s.cfg
+	rate := cfg.demand * float64(cfg.limit) / cfg.window.Seconds()
+	owed := make([]float64, len(s.envoys))
+	var rlsOwed float64
+	end := s.now.Add(d).Truncate(s.window) // whole windows only
+	for s.now.Add(s.step).Before(end) {
+		s.now = s.now.Add(s.step)
+		due := s.queue[:0:0]
+		for _, q := range s.queue {
+			if q.at.After(s.now) {
+				due = append(due, q)
+				continue
+			}
+			q.f()
+		}
+		s.queue = due
+		for _, l := range s.links {
+			if l != nil && !l.down {
+				if w := l.ss.NextWake(); !w.IsZero() && !w.After(s.now) {
+					s.send(l, l.ss.Wake(context.Background(), s.now))
+				}
+			}
+		}
+		win := s.now.Truncate(s.window) // as the store counts: a request at a window's start is its
+		for i, e := range s.envoys {
+			e.Tick(s.now)
+			share := 1 / float64(len(s.envoys))
+			if cfg.shares != nil {
+				share = cfg.shares[i]
+			}
+			r := rate * share
+			if cfg.burst != nil {
+				r *= cfg.burst(s.now)
+			}
+			owed[i] += r * s.step.Seconds()
+			for ; owed[i] >= 1; owed[i]-- {
+				s.demand[win]++
+				if e.Request(s.now, bucketID) {
+					s.admitted[win]++
+					if e.Strategy(bucketID) == "token_bucket" && !s.tbWindow[i].Equal(win) {
+						s.stale++
+					}
+				}
+			}
+		}
+		for rlsOwed += cfg.rlsRate * s.step.Seconds(); rlsOwed >= 1; rlsOwed-- {
+			resp, err := s.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge",
+				Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "tenant", Value: "acme"}}}}})
+			if err != nil {
+				s.t.Fatal(err)
+			}
+			if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+				s.admitted[win]++
+				s.rls[win]++
+			}
+		}
+	}
+}
+
+// windows returns the admitted counts of the windows run, in order.
+func (s *sim) windows() (starts []time.Time) {
+	for w := range s.admitted {
+		starts = append(starts, w)
+	}
+	sort.Slice(starts, func(i, j int) bool { return starts[i].Before(starts[j]) })
+	return starts
+}
+
+func (s *sim) close() {
+	for _, e := range s.envoys {
+		e.Close()
+	}
+}
+
+// TestFleetBound: with Envoy's strict configuration, a fleet of 1, 3 or
+// 10 Envoys, with even or skewed traffic, at half, once and three times
+// the limit, never admits more than the limit in a window; at three
+// times, windows of a minute use at least 90 % of it.
+func TestFleetBound(t *testing.T) {
+	const limit = 600
+	var table []string
+	for _, n := range []int{1, 3, 10} {
+		for _, skew := range []bool{false, true} {
+			if n == 1 && skew {
+				continue
+			}
+			for _, demand := range []float64{0.5, 1, 3} {
+				cfg := simConfig{envoys: n, demand: demand, settings: rlqstest.Strict, limit: limit}
+				if skew {
+					cfg.shares = make([]float64, n)
+					cfg.shares[0] = 0.7
+					for i := 1; i < n; i++ {
+						cfg.shares[i] = 0.3 / float64(n-1)
+					}
+				}
+				name := fmt.Sprintf("%d envoys %s %.1fx", n, map[bool]string{false: "even", true: "skewed"}[skew], demand)
+				s := newSim(t, cfg)
+				s.run(4*time.Minute)
+				s.close()
+				var used []string
+				for i, w := range s.windows() {
+					got := s.admitted[w]
+					if got > limit {
+						t.Errorf("%s: window %d admitted %d, more than the limit %d", name, i, got, limit)
+					}
+					want := min(float64(limit), float64(s.demand[w]))
+					if demand >= 3 && float64(got) < 0.9*want {
+						t.Errorf("%s: window %d admitted %d of %d: under 90 %% of the limit", name, i, got, limit)
+					}
+					used = append(used, fmt.Sprintf("%d/%d", got, s.demand[w]))
+				}
+				table = append(table, fmt.Sprintf("| %s | %s |", name, strings.Join(used, " · ")))
+			}
+		}
+	}
+	t.Logf("admitted/demanded per minute window, limit %d, strict config, δ 0.5 s:\n%s", limit, strings.Join(table, "\n"))
+}
+
+// TestFleetBoundAtWindowEnd: windows under the limit, where Envoys end
+// holding grants, alternate with windows over it, filled from their
+// start: a grant living past its window's end would show as a full
+// window over the limit.
+func TestFleetBoundAtWindowEnd(t *testing.T) {
+	const limit = 600
+	for _, n := range []int{1, 3, 10} {
+		cfg := simConfig{envoys: n, demand: 0.9, settings: rlqstest.Strict, limit: limit,
+			burst: func(at time.Time) float64 {
+				if at.Unix()/60%2 == 1 {
+					return 4
+				}
+				return 1
+			}}
+		s := newSim(t, cfg)
+		s.run(6 * time.Minute)
+		s.close()
+		s.checkPaid(t, fmt.Sprintf("%d envoys", n))
+		var used []string
+		for i, w := range s.windows() {
+			if got := s.admitted[w]; got > limit {
+				t.Errorf("%d envoys: window %d admitted %d, more than the limit %d", n, i, got, limit)
+			}
+			used = append(used, fmt.Sprintf("%d/%d", s.admitted[w], s.demand[w]))
+		}
+		t.Logf("%d envoys, 0.9x and 3.6x windows in turn: %s", n, strings.Join(used, " · "))
+	}
+}
+
+// TestRLSAndRLQSShareTheLimit: ShouldRateLimit callers and RLQS Envoys on
+// one rule together never exceed it.
+func TestRLSAndRLQSShareTheLimit(t *testing.T) {
+	const limit = 600
+	cfg := simConfig{envoys: 3, demand: 2, settings: rlqstest.Strict, limit: limit, rlsRate: 10}
+	s := newSim(t, cfg)
+	s.run(3*time.Minute)
+	s.close()
+	for i, w := range s.windows() {
+		if got := s.admitted[w]; got > limit || (i > 0 && float64(got) < 0.9*limit) {
+			t.Errorf("window %d: %d admitted (%d by RLS), want at most %d and 90 %% of it", i, got, s.rls[w], limit)
+		}
+		if s.rls[w] == 0 {
+			t.Errorf("window %d: RLS admitted nothing: the test shares nothing", i)
+		}
+		t.Logf("window %d: %d admitted, %d of them by RLS (600 RLS calls a window)", i, s.admitted[w], s.rls[w])
+	}
+}
+
+// TestPermissiveOvershoot measures what Envoy's defaults (ALLOW_ALL
+// before an assignment and once one expires) admit past the limit: each
+// Envoy admits everything from when its grant expires (Margin before the
+// window ends) until the next window's grant reaches it (δ after it
+// starts), and a new bucket admits until its first assignment arrives.
+func TestPermissiveOvershoot(t *testing.T) {
+	const limit = 600
+	permissive := func(domain string) rlqstest.Settings { return rlqstest.Settings{Domain: domain} }
+	var rows []string
+	var mu sync.Mutex
+	for _, n := range []int{1, 10} {
+		cfg := simConfig{envoys: n, demand: 3, settings: permissive, limit: limit}
+		s := newSim(t, cfg)
+		s.run(4*time.Minute)
+		s.close()
+		rate := cfg.demand * limit / s.cfg.window.Seconds()
+		// Margin + δ + a step of the simulation, at the whole demand.
+		bound := uint64(math.Ceil(rate * (rlqs.DefaultMargin + s.delta + 2*s.step).Seconds()))
+		var cells []string
+		for i, w := range s.windows() {
+			got := s.admitted[w]
+			over := int64(got) - limit
+			cells = append(cells, fmt.Sprintf("%+d", over))
+			if i > 0 && got > limit+bound {
+				t.Errorf("%d envoys, window %d: %d admitted, more than the limit and the documented %d", n, i, got, bound)
+			}
+		}
+		mu.Lock()
+		rows = append(rows, fmt.Sprintf("| %d envoys, 3x | %s | %d |", n, strings.Join(cells, " · "), bound))
+		mu.Unlock()
+	}
+	t.Logf("permissive defaults, limit %d a minute, admitted over the limit per window (first window includes startup) | bound after the first:\n%s", limit, strings.Join(rows, "\n"))
+}
