@@ -150,11 +150,11 @@ func (s *sim) send(l *link, resp *rlqsv3.RateLimitQuotaResponse) {
 }
 
 type simConfig struct {
-	envoys   int
-	shares   []float64 // of the demand, per Envoy; nil: even
-	demand   float64   // total, in multiples of the limit's rate
+	envoys int
+	shares []float64 // of the demand, per Envoy; nil: even
+	demand float64   // total, in multiples of the limit's rate
 	// burst, when set, multiplies the demand at a time.
-	burst func(at time.Time) float64
+	burst    func(at time.Time) float64
 	settings func(domain string) rlqstest.Settings
 	rlsRate  float64 // ShouldRateLimit calls per second on the same rule
 	window   time.Duration
@@ -321,7 +321,7 @@ func TestFleetBound(t *testing.T) {
 				}
 				name := fmt.Sprintf("%d envoys %s %.1fx", n, map[bool]string{false: "even", true: "skewed"}[skew], demand)
 				s := newSim(t, cfg)
-				s.run(4*time.Minute)
+				s.run(4 * time.Minute)
 				s.close()
 				var used []string
 				for i, w := range s.windows() {
@@ -377,7 +377,7 @@ func TestRLSAndRLQSShareTheLimit(t *testing.T) {
 	const limit = 600
 	cfg := simConfig{envoys: 3, demand: 2, settings: rlqstest.Strict, limit: limit, rlsRate: 10}
 	s := newSim(t, cfg)
-	s.run(3*time.Minute)
+	s.run(3 * time.Minute)
 	s.close()
 	for i, w := range s.windows() {
 		if got := s.admitted[w]; got > limit || (i > 0 && float64(got) < 0.9*limit) {
@@ -403,7 +403,7 @@ func TestPermissiveOvershoot(t *testing.T) {
 	for _, n := range []int{1, 10} {
 		cfg := simConfig{envoys: n, demand: 3, settings: permissive, limit: limit}
 		s := newSim(t, cfg)
-		s.run(4*time.Minute)
+		s.run(4 * time.Minute)
 		s.close()
 		rate := cfg.demand * limit / s.cfg.window.Seconds()
 		// Margin + δ + a step of the simulation, at the whole demand.
