@@ -30,6 +30,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
 	"github.com/ratelimitd/ratelimitd/internal/persecond"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/rlqs"
 	"github.com/ratelimitd/ratelimitd/internal/server"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
@@ -242,11 +243,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		}
 		defer stopDebug()
 	}
+	var streams []server.StreamService
+	if s.rlqs.on {
+		g, ok := store.(rlqs.Granter)
+		if !ok {
+			grpcLis.Close()
+			httpLis.Close()
+			return fmt.Errorf("--rlqs: the store %T cannot grant", store)
+		}
+		streams = append(streams, rlqs.New(svc, g, rlqs.Options{MaxStreams: s.rlqs.maxStreams, MaxBuckets: s.rlqs.maxBuckets,
+			Margin: s.rlqs.margin, IdleAfter: s.rlqs.idleAfter, Metrics: m, Logger: log}))
+		log.Info("serving RLQS (preview): envoy.service.rate_limit_quota.v3 on the gRPC port", "margin", s.rlqs.margin)
+	}
 	srv := server.New(svc, server.Options{
 		GRPCOptions: grpcOpts,
 		Logger:      log,
 		DrainDelay:  s.drainDelay,
 		Tracing:     traces,
+		Streams:     streams,
 		Metrics:     promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}),
 	})
 	return srv.Serve(ctx, grpcLis, httpLis)

@@ -15,6 +15,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/rlqs"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
 	"github.com/ratelimitd/ratelimitd/internal/xds"
@@ -43,6 +44,7 @@ type settings struct {
 	httpAddr          string
 	localCacheSize    byteSize
 	shadowMode        bool
+	rlqs              rlqsSettings
 	responseHeaders   headersFlag
 	redisTimeout      time.Duration
 	breakerAfter      time.Duration
@@ -129,6 +131,11 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081", "gRPC listen address")
 	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address (/json, /healthcheck, /rlconfig)")
 	fs.Var(&s.localCacheSize, "local-cache-size", "bytes of local over-limit cache (e.g. 0, 1048576, 64MiB); 0 turns it off")
+	fs.BoolVar(&s.rlqs.on, "rlqs", false, "preview: also serve Envoy's Rate Limit Quota Service (envoy.service.rate_limit_quota.v3) on the gRPC port; a domain's rlqs.descriptor_keys turn bucket ids into descriptors")
+	fs.IntVar(&s.rlqs.maxStreams, "rlqs-max-streams", rlqs.DefaultMaxStreams, "most RLQS streams open at once; one more is refused with RESOURCE_EXHAUSTED")
+	fs.IntVar(&s.rlqs.maxBuckets, "rlqs-max-buckets", rlqs.DefaultMaxBuckets, "most buckets of one RLQS stream; one more gets no assignment (Envoy's no_assignment_behavior decides it)")
+	fs.DurationVar(&s.rlqs.margin, "rlqs-margin", rlqs.DefaultMargin, "RLQS grants expire this long before their window ends: how late an Envoy may apply an assignment with the fleet still within the limit")
+	fs.DurationVar(&s.rlqs.idleAfter, "rlqs-idle-after", rlqs.DefaultIdleAfter, "abandon RLQS buckets without requests for this long")
 	fs.BoolVar(&s.shadowMode, "shadow-mode", false, "global shadow mode: decide and count, but always answer OK overall")
 	fs.Var(&s.responseHeaders, "response-headers", "rate-limit headers on responses: legacy (RateLimit-Limit/-Remaining/-Reset; a bare --response-headers), draft11 (RateLimit-Policy and RateLimit), or off")
 	fs.StringVar(&s.headerNames.Limit, "response-header-limit", service.HeaderLimit, "name of the legacy style's limit header")
@@ -238,6 +245,12 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, errors.New("--config is required (a rules file or directory; env " + envPrefix + "CONFIG), or --xds-server")
 	case s.config != "" && s.xds.server != "":
 		return nil, errors.New("--config and --xds-server both give the rules: use one")
+	case s.rlqs.maxStreams < 1 || s.rlqs.maxBuckets < 1:
+		return nil, fmt.Errorf("--rlqs-max-streams (%d) and --rlqs-max-buckets (%d) must be at least 1", s.rlqs.maxStreams, s.rlqs.maxBuckets)
+	case s.rlqs.margin <= 0 || s.rlqs.margin > time.Minute:
+		return nil, fmt.Errorf("--rlqs-margin %v: want more than 0, at most 1m", s.rlqs.margin)
+	case s.rlqs.idleAfter < rlqs.ReportPeriod:
+		return nil, fmt.Errorf("--rlqs-idle-after %v: want at least %v (Envoy reports every 5 s)", s.rlqs.idleAfter, rlqs.ReportPeriod)
 	case s.xds.beforeRules != "unavailable" && s.xds.beforeRules != "ok":
 		return nil, fmt.Errorf("--xds-before-rules %q: want unavailable or ok", s.xds.beforeRules)
 	case s.xds.server == "" && (s.xds.tls || s.xds.ca != "" || s.xds.cert != "" || s.xds.serverName != "" || s.xds.nodeMeta != "" || s.xds.headers != "" || s.xds.startWithoutRules):
@@ -393,4 +406,11 @@ func (h *headersFlag) Set(s string) error {
 		return fmt.Errorf("want legacy, draft11 or off, got %q", s)
 	}
 	return nil
+}
+
+// rlqsSettings are the --rlqs flags.
+type rlqsSettings struct {
+	on                     bool
+	maxStreams, maxBuckets int
+	margin, idleAfter      time.Duration
 }

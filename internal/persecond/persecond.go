@@ -9,6 +9,7 @@ package persecond
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
@@ -47,4 +48,42 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 		{Idx: mainIdx, Eval: s.Main.Evaluate},
 		{Idx: fastIdx, Eval: s.PerSecond.Evaluate},
 	})
+}
+
+// Granter takes and gives back grants (both stores of ratelimitd are).
+type Granter interface {
+	Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error)
+}
+
+// Grant routes each op by window as Evaluate does; both stores must be
+// Granters.
+func (s *Store) Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error) {
+	out := make([]limit.GrantResult, len(ops))
+	for _, st := range []struct {
+		fast bool
+		e    Evaluator
+	}{{false, s.Main}, {true, s.PerSecond}} {
+		var idx []int
+		var part []limit.GrantOp
+		for i, op := range ops {
+			if (op.Check.WindowUS == Window) == st.fast {
+				idx, part = append(idx, i), append(part, op)
+			}
+		}
+		if len(part) == 0 {
+			continue
+		}
+		g, ok := st.e.(Granter)
+		if !ok {
+			return nil, fmt.Errorf("persecond: %T cannot grant", st.e)
+		}
+		res, err := g.Grant(ctx, part)
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range idx {
+			out[i] = res[j]
+		}
+	}
+	return out, nil
 }

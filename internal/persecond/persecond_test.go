@@ -76,3 +76,23 @@ func TestAllOrNothingAcrossStores(t *testing.T) {
 		t.Errorf("hourly counter %d after the per-second store failed, want 2", n)
 	}
 }
+
+// TestGrantRoutes: grants go to the store of their window.
+func TestGrantRoutes(t *testing.T) {
+	mainSt, fast := memstore.New(memstore.Options{}), memstore.New(memstore.Options{})
+	s := &Store{Main: mainSt, PerSecond: fast}
+	ops := []limit.GrantOp{
+		{Check: limit.Check{Key: "m", Limit: 10, WindowUS: 60e6, Hits: 4}},
+		{Check: limit.Check{Key: "f", Limit: 10, WindowUS: Window, Hits: 3}},
+	}
+	res, err := s.Grant(context.Background(), ops)
+	if err != nil || res[0].Hits != 4 || res[1].Hits != 3 {
+		t.Fatalf("Grant = %+v, %v", res, err)
+	}
+	if used(t, mainSt, ops[0].Check) != 4 || used(t, fast, ops[1].Check) != 3 || used(t, fast, ops[0].Check) != 0 {
+		t.Error("grants landed in the wrong store")
+	}
+	if _, err := (&Store{Main: failing{}, PerSecond: fast}).Grant(context.Background(), ops); err == nil {
+		t.Error("a store that cannot grant did not fail the grant")
+	}
+}

@@ -59,6 +59,21 @@ type sim struct {
 	// bucket in a later window than its grant's.
 	tbWindow []time.Time
 	stale    int
+	// byEnvoy counts each Envoy's admitted requests by window.
+	byEnvoy []map[time.Time]uint64
+}
+
+// at runs f at virtual time t (at the first step not before it).
+func (s *sim) at(t time.Time, f func()) { s.queue = append(s.queue, delivery{at: t, f: f}) }
+
+// cutStream ends Envoy i's stream and keeps it from opening another until
+// restore.
+func (s *sim) cutStream(i int) {
+	s.cut[i] = true
+	if l := s.links[i]; l != nil && !l.down {
+		l.Close()
+		l.closed(errors.New("stream cut"))
+	}
 }
 
 // countingGranter is the store, counting grants by window for the sim.
@@ -159,6 +174,7 @@ type simConfig struct {
 	rlsRate  float64 // ShouldRateLimit calls per second on the same rule
 	window   time.Duration
 	limit    uint64
+	failDeny bool // the rule's failure_mode
 }
 
 const simRules = `
@@ -166,6 +182,7 @@ domain: edge
 rlqs: {descriptor_keys: [tenant]}
 descriptors:
   - key: tenant
+    failure_mode: %s
     rate_limit: {unit: minute, requests_per_unit: %d}
 `
 
@@ -178,7 +195,11 @@ func newSim(t *testing.T, cfg simConfig) *sim {
 	if cfg.window == time.Hour {
 		unit = "hour"
 	}
-	rules := strings.Replace(fmt.Sprintf(simRules, cfg.limit), "minute", unit, 1)
+	failure := "allow"
+	if cfg.failDeny {
+		failure = "deny"
+	}
+	rules := strings.Replace(fmt.Sprintf(simRules, failure, cfg.limit), "minute", unit, 1)
 	snap, err := config.Parse("rules.yaml", []byte(rules))
 	if err != nil {
 		t.Fatal(err)
@@ -201,6 +222,7 @@ func newSim(t *testing.T, cfg simConfig) *sim {
 	for i := range cfg.envoys {
 		s.cut = append(s.cut, false)
 		s.tbWindow = append(s.tbWindow, time.Time{})
+		s.byEnvoy = append(s.byEnvoy, map[time.Time]uint64{})
 		s.links = append(s.links, nil)
 		e := rlqstest.New(cfg.settings("edge"), func(deliver func(*rlqsv3.RateLimitQuotaResponse), closed func(error)) (rlqstest.Conn, error) {
 			if s.cut[i] {
@@ -221,14 +243,17 @@ func newSim(t *testing.T, cfg simConfig) *sim {
 
 var bucketID = map[string]string{"tenant": "acme", "route": "checkout"}
 
-// run advances the fleet for d: requests arrive at each Envoy at its share
-// of the demand, evenly spaced.
-func (s *sim) run(d time.Duration) {
+// run advances the fleet by d, to the last window boundary before it.
+func (s *sim) run(d time.Duration) { s.runUntil(s.now.Add(d).Truncate(s.window)) }
+
+// runUntil advances the fleet to end, a step at a time: responses due
+// are delivered, sessions woken, Envoys ticked, and requests arrive at
+// each Envoy at its share of the demand.
+func (s *sim) runUntil(end time.Time) {
 	cfg := s.cfg
 	rate := cfg.demand * float64(cfg.limit) / cfg.window.Seconds()
 	owed := make([]float64, len(s.envoys))
 	var rlsOwed float64
-	end := s.now.Add(d).Truncate(s.window) // whole windows only
 	for s.now.Add(s.step).Before(end) {
 		s.now = s.now.Add(s.step)
 		due := s.queue[:0:0]
@@ -263,6 +288,7 @@ func (s *sim) run(d time.Duration) {
 				s.demand[win]++
 				if e.Request(s.now, bucketID) {
 					s.admitted[win]++
+					s.byEnvoy[i][win]++
 					if e.Strategy(bucketID) == "token_bucket" && !s.tbWindow[i].Equal(win) {
 						s.stale++
 					}
@@ -422,4 +448,117 @@ func TestPermissiveOvershoot(t *testing.T) {
 		mu.Unlock()
 	}
 	t.Logf("permissive defaults, limit %d a minute, admitted over the limit per window (first window includes startup) | bound after the first:\n%s", limit, strings.Join(rows, "\n"))
+}
+
+// TestStreamLoss: an Envoy whose stream is cut keeps its grant until the
+// assignment expires, then denies (strict), while the others go on; it
+// reopens the stream at the first report after the server is reachable
+// again and is granted again. The fleet stays within the limit.
+func TestStreamLoss(t *testing.T) {
+	const limit = 600
+	cfg := simConfig{envoys: 3, demand: 2, settings: rlqstest.Strict, limit: limit}
+	s := newSim(t, cfg)
+	t0 := s.now.Truncate(time.Minute)
+	s.at(t0.Add(70*time.Second), func() { s.cutStream(0) })
+	s.at(t0.Add(190*time.Second), func() { s.cut[0] = false })
+	s.run(4 * time.Minute)
+	s.close()
+	s.checkPaid(t, "stream loss")
+	for i, w := range s.windows() {
+		if got := s.admitted[w]; got > limit {
+			t.Errorf("window %d: %d admitted, more than %d", i, got, limit)
+		}
+		t.Logf("window %d: %d admitted, Envoy 0 %d", i, s.admitted[w], s.byEnvoy[0][w])
+	}
+	if got := s.byEnvoy[0][t0.Add(2*time.Minute)]; got != 0 {
+		t.Errorf("Envoy 0 admitted %d in the window after its stream was cut, before it came back: its grant outlived its window", got)
+	}
+	if s.byEnvoy[0][t0.Add(3*time.Minute)] == 0 {
+		t.Error("Envoy 0 admitted nothing once its stream was back")
+	}
+	if st := s.envoys[0].Stats(); st.Dials < 2 || st.Dropped == 0 {
+		t.Errorf("Envoy 0 stats %+v: want reports dropped while cut and a second stream", st)
+	}
+	if s.byEnvoy[1][t0.Add(2*time.Minute)] == 0 {
+		t.Error("the other Envoys stopped too")
+	}
+}
+
+// TestRedisDown: while Redis is down the rule's failure mode answers
+// (allow: ALLOW_ALL, deny: DENY_ALL, for FailureTTL, renewed at each
+// report); when it is back, grants replace them at the next report.
+func TestRedisDown(t *testing.T) {
+	const limit = 600
+	for _, deny := range []bool{false, true} {
+		cfg := simConfig{envoys: 2, demand: 2, settings: rlqstest.Strict, limit: limit, failDeny: deny}
+		s := newSim(t, cfg)
+		t0 := s.now.Truncate(time.Minute)
+		s.at(t0.Add(60*time.Second), func() { s.redis.Kill() })
+		s.at(t0.Add(120*time.Second), func() { s.restartRedis() })
+		s.run(4 * time.Minute)
+		s.close()
+		// The window Redis comes back in still sees failure-mode answers
+		// given before (fail open is uncounted, as for ShouldRateLimit);
+		// the next is decided by grants alone.
+		down, after := s.admitted[t0.Add(time.Minute)], s.admitted[t0.Add(3*time.Minute)]
+		demand := s.demand[t0.Add(time.Minute)]
+		t.Logf("failure_mode deny=%v: window with Redis down: %d of %d admitted; after: %d", deny, down, demand, after)
+		switch {
+		case !deny && float64(down) < 0.9*float64(demand):
+			t.Errorf("failure_mode allow: %d of %d admitted while Redis was down, want nearly all", down, demand)
+		case deny && down > 0:
+			t.Errorf("failure_mode deny: %d admitted while Redis was down (the previous window's grants expire before it)", down)
+		}
+		if after == 0 || after > limit {
+			t.Errorf("after Redis came back: %d admitted, want grants again within the limit", after)
+		}
+	}
+}
+
+// restartRedis restarts the redis-server and waits, in real time, for the
+// store to reach it again (go-redis redials a refused address at most
+// once a second), while the fake clock stands still.
+func (s *sim) restartRedis() {
+	s.redis.Restart()
+	probe := []limit.GrantOp{{Check: limit.Check{Key: "probe", Limit: 1, WindowUS: 1e6}}}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := s.store.Grant(context.Background(), probe); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatal("the store does not reach the restarted redis-server")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestAbandonIdle: a bucket without requests for IdleAfter is abandoned;
+// its next request makes it new, reported at once, and granted.
+func TestAbandonIdle(t *testing.T) {
+	cfg := simConfig{envoys: 1, demand: 1, settings: rlqstest.Strict, limit: 600}
+	var start time.Time
+	cfg.burst = func(at time.Time) float64 {
+		if off := at.Sub(start); off > 20*time.Second && off < 100*time.Second {
+			return 0
+		}
+		return 1
+	}
+	s := newSim(t, cfg)
+	start = s.now
+	s.runUntil(start.Add(90 * time.Second))
+	e := s.envoys[0]
+	if e.Buckets() != 0 {
+		t.Fatalf("Envoy still holds %d buckets after 60 s idle", e.Buckets())
+	}
+	before := e.Stats()
+	s.runUntil(start.Add(150 * time.Second))
+	s.close()
+	after := e.Stats()
+	if e.Buckets() != 1 || after.Reports <= before.Reports {
+		t.Fatalf("the bucket did not come back: %d buckets, stats %+v", e.Buckets(), after)
+	}
+	if after.Allowed-before.Allowed < 50 {
+		t.Errorf("only %d admitted after the bucket came back: no grant", after.Allowed-before.Allowed)
+	}
 }

@@ -65,6 +65,18 @@ type Options struct {
 	// Tracing, when set, starts a span per ShouldRateLimit call (gRPC and
 	// /json), child of the trace context the caller sent.
 	Tracing *tracing.Tracing
+	// Streams, when set, are more gRPC services of long-lived streams
+	// (RLQS): registered on the gRPC server, and stopped once draining
+	// ends, so that the graceful stop does not wait for streams that
+	// never end on their own.
+	Streams []StreamService
+}
+
+// StreamService is a gRPC service of long-lived streams.
+type StreamService interface {
+	Register(grpc.ServiceRegistrar)
+	// Stop ends its streams.
+	Stop()
 }
 
 // StreamWorkers is the number of goroutines kept to run RPCs. A stream
@@ -104,6 +116,9 @@ func New(dec Decider, opts Options) *Server {
 	}
 	s.grpc = grpc.NewServer(append(TransportOptions(), opts.GRPCOptions...)...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, &rls{dec: dec, tracing: opts.Tracing})
+	for _, st := range opts.Streams {
+		st.Register(s.grpc)
+	}
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	s.http = &http.Server{
@@ -163,6 +178,9 @@ func (s *Server) Shutdown() {
 	if s.opts.DrainDelay > 0 {
 		s.log.Info("draining", "delay", s.opts.DrainDelay)
 		time.Sleep(s.opts.DrainDelay)
+	}
+	for _, st := range s.opts.Streams {
+		st.Stop()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
 	defer cancel()

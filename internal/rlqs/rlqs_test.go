@@ -1,0 +1,252 @@
+package rlqs_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/memstore"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/rlqs"
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+func unitServer(t *testing.T, rules string, store rlqs.Granter, opts rlqs.Options) (*rlqs.Server, *metrics.Metrics) {
+	t.Helper()
+	snap, err := config.Parse("rules.yaml", []byte(rules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if store == nil {
+		store = memstore.New(memstore.Options{})
+	}
+	m := metrics.New("test")
+	opts.Metrics = m
+	svc := service.New(snap, store.(service.Store), nil, service.Options{})
+	return rlqs.New(svc, store, opts), m
+}
+
+const kindsRules = `
+domain: edge
+rlqs: {descriptor_keys: [tenant, route]}
+descriptors:
+  - key: tenant
+    value: vip
+    rate_limit: {unlimited: true}
+  - key: tenant
+    value: trial
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 100}
+    descriptors:
+      - key: route
+        value: login
+        failure_mode: deny
+        rate_limit: {unit: minute, requests_per_unit: 1000}
+---
+domain: plain
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`
+
+func report(domain string, ids ...map[string]string) *rlqsv3.RateLimitQuotaUsageReports {
+	r := &rlqsv3.RateLimitQuotaUsageReports{Domain: domain}
+	for _, id := range ids {
+		r.BucketQuotaUsages = append(r.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId: &rlqsv3.BucketId{Bucket: id}, NumRequestsAllowed: 1})
+	}
+	return r
+}
+
+// actions renders a response's actions as "kind/ttl" per bucket, in order.
+func actions(resp *rlqsv3.RateLimitQuotaResponse) string {
+	var out []string
+	for _, a := range resp.GetBucketAction() {
+		qa := a.GetQuotaAssignmentAction()
+		s := qa.GetRateLimitStrategy()
+		kind := "abandon"
+		switch {
+		case s.GetTokenBucket() != nil:
+			kind = "tokens"
+		case qa != nil && s.GetBlanketRule() == typev3.RateLimitStrategy_DENY_ALL:
+			kind = "deny"
+		case qa != nil:
+			kind = "allow"
+		}
+		if qa != nil {
+			kind += "/" + qa.GetAssignmentTimeToLive().AsDuration().String()
+		}
+		out = append(out, kind)
+	}
+	return strings.Join(out, " ")
+}
+
+var t0 = time.Unix(1_800_000_000, 0).Truncate(time.Hour)
+
+// TestKinds: what each kind of bucket is assigned.
+func TestKinds(t *testing.T) {
+	store := memstore.New(memstore.Options{Now: func() time.Time { return t0.Add(10 * time.Second) }})
+	srv, _ := unitServer(t, kindsRules, store, rlqs.Options{})
+	ss, err := srv.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	now := t0.Add(10 * time.Second)
+	for _, tt := range []struct {
+		id   map[string]string
+		want string
+	}{
+		{map[string]string{"tenant": "vip"}, "allow/1m0s"},                                   // unlimited
+		{map[string]string{"tenant": "trial"}, "allow/1m0s"},                                 // shadow mode
+		{map[string]string{"other": "x"}, "allow/1m0s"},                                      // no rlqs key: no rule
+		{map[string]string{"tenant": "acme", "route": "login", "env": "prod"}, "tokens/49s"}, // minute window, 50 s left, 1 s margin
+		{map[string]string{"tenant": "acme"}, "tokens/59m49s"},                               // hour window
+	} {
+		resp, err := ss.Report(context.Background(), now, report("edge", tt.id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := actions(resp); got != tt.want {
+			t.Errorf("%v: %q, want %q", tt.id, got, tt.want)
+		}
+	}
+	plain, _ := srv.NewSession()
+	defer plain.Close()
+	if resp, _ := plain.Report(context.Background(), now, report("plain", map[string]string{"tenant": "a"})); actions(resp) != "allow/1m0s" {
+		t.Errorf("a domain without rlqs keys: %q, want allow", actions(resp))
+	}
+}
+
+// failing is a store that cannot grant.
+type failing struct{ *memstore.Store }
+
+func (failing) Grant(context.Context, []limit.GrantOp) ([]limit.GrantResult, error) {
+	return nil, errors.New("redis down")
+}
+
+// TestFailureMode: a store that cannot grant answers by the rule's
+// failure mode, for FailureTTL.
+func TestFailureMode(t *testing.T) {
+	srv, m := unitServer(t, kindsRules, failing{memstore.New(memstore.Options{})}, rlqs.Options{FailureTTL: 7 * time.Second})
+	ss, _ := srv.NewSession()
+	defer ss.Close()
+	resp, _ := ss.Report(context.Background(), t0, report("edge", map[string]string{"tenant": "a", "route": "login"}, map[string]string{"tenant": "a"}))
+	if got := actions(resp); got != "deny/7s allow/7s" {
+		t.Errorf("failure answers %q, want deny (login: failure_mode deny) then allow (the default)", got)
+	}
+	if n := testutil.ToFloat64(m.RLQSGrants.WithLabelValues("failed")); n != 2 {
+		t.Errorf("failed grants = %v, want 2", n)
+	}
+}
+
+// TestBounds: what is refused, and how.
+func TestBounds(t *testing.T) {
+	srv, m := unitServer(t, kindsRules, nil, rlqs.Options{MaxStreams: 2, MaxBuckets: 3, MaxBucketIDBytes: 64})
+	a, err := srv.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := srv.NewSession()
+	if _, err := srv.NewSession(); !errors.Is(err, rlqs.ErrTooManyStreams) {
+		t.Errorf("third stream: %v, want ErrTooManyStreams", err)
+	}
+	b.Close()
+	b.Close() // twice is harmless
+	c, err := srv.NewSession()
+	if err != nil {
+		t.Fatalf("a stream after one closed: %v", err)
+	}
+	defer c.Close()
+	defer a.Close()
+	ctx := context.Background()
+	if _, err := c.Report(ctx, t0, report("")); err == nil || !strings.Contains(err.Error(), "must name the domain") {
+		t.Errorf("first report without domain: %v", err)
+	}
+	if _, err := a.Report(ctx, t0, report("edge")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Report(ctx, t0, report("plain")); err == nil || !strings.Contains(err.Error(), `report for domain "plain" on a stream of domain "edge"`) {
+		t.Errorf("domain change: %v", err)
+	}
+	resp, _ := a.Report(ctx, t0, report("", map[string]string{}, map[string]string{"tenant": strings.Repeat("x", 100)}, map[string]string{"tenant": "1"}))
+	if got := len(resp.GetBucketAction()); got != 1 {
+		t.Errorf("%d buckets assigned, want 1 (empty and oversized ids refused)", got)
+	}
+	resp, _ = a.Report(ctx, t0, report("", map[string]string{"tenant": "2"}, map[string]string{"tenant": "3"}, map[string]string{"tenant": "4"}))
+	if got := len(resp.GetBucketAction()); got != 2 {
+		t.Errorf("%d buckets assigned, want 2 (a fourth bucket is one too many)", got)
+	}
+	ids := make([]map[string]string, 4)
+	for i := range ids {
+		ids[i] = map[string]string{"tenant": "1"}
+	}
+	if resp, _ := a.Report(ctx, t0, report("edge", ids...)); resp != nil {
+		t.Errorf("a report of 4 bucket usages (more than MaxBuckets) was answered: %v", resp)
+	}
+	for reason, want := range map[string]float64{"too_many_streams": 1, "bad_domain": 2, "bucket_id_empty": 1, "bucket_id_too_large": 1, "too_many_buckets": 1, "report_too_large": 1} {
+		if got := testutil.ToFloat64(m.RLQSRejected.WithLabelValues(reason)); got != want {
+			t.Errorf("rejected %s = %v, want %v", reason, got, want)
+		}
+	}
+	if got := testutil.ToFloat64(m.RLQSStreams); got != 2 {
+		t.Errorf("streams gauge = %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(m.RLQSBuckets); got != 3 {
+		t.Errorf("buckets gauge = %v, want 3", got)
+	}
+}
+
+// TestFreshBucketEachGrant: a grant replacing a token bucket is preceded
+// by DENY_ALL (Envoy would carry tokens over otherwise), and a grant
+// never starts in a window's last Margin and second: it is given back
+// and the bucket denied until the window ends.
+func TestFreshBucketEachGrant(t *testing.T) {
+	now := t0.Add(10 * time.Second)
+	store := memstore.New(memstore.Options{Now: func() time.Time { return now }})
+	srv, m := unitServer(t, kindsRules, store, rlqs.Options{})
+	ss, _ := srv.NewSession()
+	defer ss.Close()
+	id := map[string]string{"tenant": "acme", "route": "login"}
+	ctx := context.Background()
+	resp, _ := ss.Report(ctx, now, report("edge", id))
+	if got := actions(resp); got != "tokens/49s" {
+		t.Fatalf("first grant %q", got)
+	}
+	granted := resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
+	if fill := granted.GetFillInterval().AsDuration(); granted.GetTokensPerFill().GetValue() != 1 || fill != 50*time.Second {
+		t.Errorf("refill %d per %v, want 1 per TTL + 1 s", granted.GetTokensPerFill().GetValue(), fill)
+	}
+	now = now.Add(5 * time.Second)
+	u := report("edge", id)
+	u.BucketQuotaUsages[0].NumRequestsAllowed = uint64(granted.GetMaxTokens())
+	u.BucketQuotaUsages[0].NumRequestsDenied = 20
+	if resp, _ = ss.Report(ctx, now, u); actions(resp) != "deny/44s tokens/44s" {
+		t.Errorf("spent grant replaced by %q, want deny then a fresh bucket", actions(resp))
+	}
+	now = t0.Add(58*time.Second + 500*time.Millisecond)
+	u.BucketQuotaUsages[0].NumRequestsAllowed = 1000
+	if resp, _ = ss.Report(ctx, now, u); actions(resp) != "deny/3s" {
+		t.Errorf("grant 1.5 s before the window ends: %q, want deny until it ends", actions(resp))
+	}
+	if got := testutil.ToFloat64(m.RLQSGrants.WithLabelValues("returned")); got != 1 {
+		t.Errorf("returned grants = %v, want 1", got)
+	}
+	if w := ss.NextWake(); !w.Equal(t0.Add(time.Minute)) {
+		t.Errorf("next wake %v, want the window's end", w)
+	}
+	now = t0.Add(time.Minute)
+	if resp := ss.Wake(ctx, now); actions(resp) != "tokens/59s" {
+		t.Errorf("wake at the new window: %q, want a fresh grant", actions(resp))
+	}
+}
