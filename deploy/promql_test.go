@@ -45,10 +45,15 @@ func exposed(t *testing.T) map[string]map[string]bool {
 		if !ok {
 			continue
 		}
-		ch := make(chan *prometheus.Desc, 64)
-		c.Describe(ch)
-		close(ch)
+		// Unbuffered and drained whole: a collector (the registry itself)
+		// may describe any number of metrics.
+		ch := make(chan *prometheus.Desc)
+		go func() { c.Describe(ch); close(ch) }()
+		var descs []*prometheus.Desc
 		for d := range ch {
+			descs = append(descs, d)
+		}
+		for _, d := range descs {
 			name := descName.FindStringSubmatch(d.String())
 			labels := descLabels.FindStringSubmatch(d.String())
 			if name == nil || labels == nil {
