@@ -123,6 +123,17 @@ muts = [
     ("103 value_to_metric ignored in stat names","internal/compatstats/rules.go","case r.DetailedMetric || (l.ValueToMetric && (l.Value == \"\" || l.IsWildcard())):","case r.DetailedMetric:","./internal/compatstats","TestPaths"),
     ("104 the PromQL check ignores groupings","deploy/promql_test.go","for _, l := range n.Grouping {","for _, l := range n.Grouping[:0] {","./deploy","TestDashboardCheckCatches"),
     ("105 global shadow answers not counted","internal/service/decide.go","\t\t\ts.opts.Compat.GlobalShadow()\n","","./internal/service","TestLocalCacheStats"),
+    ("106 RLQS grant lives to its window's end","internal/rlqs/rlqs.go","ttl = (reset - s.opts.Margin).Truncate(time.Second)","ttl = reset.Truncate(time.Second)","./internal/rlqs","TestFleetBoundAtWindowEnd"),
+    ("107 RLQS fresh bucket without DENY_ALL first","internal/rlqs/rlqs.go","\t\t\tif b.sent == sentTokens {\n","\t\t\tif b.sent == sentTokens && false {\n","./internal/rlqs","TestFreshBucketEachGrant"),
+    ("108 RLQS token bucket refills every second","internal/rlqs/rlqs.go","FillInterval:  durationpb.New(ttl.Truncate(time.Second) + time.Second),","FillInterval:  durationpb.New(time.Second),","./internal/rlqs","TestFreshBucketEachGrant"),
+    ("109 RLQS bucket keyed apart from ShouldRateLimit","internal/service/bucket.go","key := s.counterKey(enc, domain, ents, it)","key := \"rlqs:\" + s.counterKey(enc, domain, ents, it)","./internal/rlqs","TestRLSAndRLQSShareTheLimit"),
+    ("110 RLQS failure mode always allow","internal/rlqs/rlqs.go","if b.plan.Failure == config.FailureDeny {","if false {","./internal/rlqs","TestFailureMode|TestRedisDown"),
+    ("111 RLQS idle buckets kept","internal/rlqs/rlqs.go","if now.Sub(b.lastActive) < s.opts.IdleAfter {","if true {","./internal/rlqs","TestAbandonIdle"),
+    ("112 RLQS streams unbounded","internal/rlqs/rlqs.go","if s.streams >= s.opts.MaxStreams {","if false {","./internal/rlqs","TestBounds"),
+    ("113 RLQS streams not stopped at shutdown","internal/server/server.go","\t\tst.Stop()\n","\t\t_ = st\n","./cmd/ratelimitd","TestRLQS$"),
+    ("114 check-config silent on short RLQS windows","config/config.go","if w := l.Window(); w < MinRLQSWindow {","if w := l.Window(); w < 0 {","./config","TestRLQSWarnings"),
+    ("115 simulated Envoy starts a changed token bucket full","internal/rlqstest/envoy.go","nb.tokens = nb.max * b.tb.tokens / b.tb.max","nb.tokens = nb.max","./internal/rlqstest","TestTokenBucket"),
+    ("116 simulated Envoy keeps an assignment without TTL","internal/rlqstest/envoy.go","ttl := time.Duration(a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().GetSeconds()) * time.Second","ttl := time.Duration(max(1, a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().GetSeconds())) * time.Hour","./internal/rlqstest","TestExpiry"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]
