@@ -174,7 +174,7 @@ func New(version string) *Metrics {
 		}, []string{"result"}),
 		RLQSGrantHits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_rlqs_grant_hits_total",
-			Help: "Hits of RLQS grants: granted (taken from the counter and handed to an Envoy), given_back (returned unused).",
+			Help: "Hits of RLQS grants: granted (taken from the counter and handed to an Envoy), given_back (returned unused), lost (left in grants replaced or expired, by the Envoys' last reports: an upper bound, as they may have spent some since).",
 		}, []string{"what"}),
 		RLQSRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_rlqs_reports_rejected_total",
@@ -424,6 +424,13 @@ func (m *Metrics) RLQSGrant(result string, hits uint64) {
 		case "returned":
 			m.RLQSGrantHits.WithLabelValues("given_back").Add(float64(hits))
 		}
+	}
+}
+
+// RLQSGrantLost counts hits left unspent in a replaced RLQS grant.
+func (m *Metrics) RLQSGrantLost(hits uint64) {
+	if m != nil {
+		m.RLQSGrantHits.WithLabelValues("lost").Add(float64(hits))
 	}
 }
 

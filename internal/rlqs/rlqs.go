@@ -587,6 +587,11 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 			out = append(out, ss.denyUntil(b, now, reset))
 		default:
 			s.m.RLQSGrant("taken", r.Hits)
+			if b.sent == sentTokens && b.granted > b.used {
+				// What the replaced grant had left by the Envoy's last
+				// report: an upper bound of the hits it never spent.
+				s.m.RLQSGrantLost(b.granted - b.used)
+			}
 			if b.sent == sentTokens {
 				// A token bucket replacing one would carry the old
 				// one's tokens over: end it first.
@@ -626,11 +631,13 @@ func (s *Server) noteRemaining(key string, remaining uint64, till time.Time) {
 }
 
 // denyUntil denies the bucket until its counter has budget again (the
-// next window, or the bucket's next hit) and wakes the session then.
+// next window, or the bucket's next hit) and wakes the session then, a
+// second from now at the soonest: a token bucket rule's next hit may be
+// due in a millisecond, and asking for it hit by hit would load Redis.
 func (ss *Session) denyUntil(b *bucket, now time.Time, reset time.Duration) *rlqsv3.RateLimitQuotaResponse_BucketAction {
 	ttl := max(time.Second, reset.Round(time.Second)+time.Second)
 	b.granted, b.used = 0, 0
-	b.wake = now.Add(reset)
+	b.wake = now.Add(max(reset, time.Second))
 	return ss.assign(b, denyAll(), ttl, sentDeny)
 }
 

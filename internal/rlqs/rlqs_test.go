@@ -250,3 +250,42 @@ func TestFreshBucketEachGrant(t *testing.T) {
 		t.Errorf("wake at the new window: %q, want a fresh grant", actions(resp))
 	}
 }
+
+// TestTokenBucketRule: a token_bucket rule's grants come from its bucket
+// (at most its burst at once), last two report periods, and once it is
+// empty the session wakes no sooner than a second later, not at the
+// bucket's next hit.
+func TestTokenBucketRule(t *testing.T) {
+	now := t0
+	store := memstore.New(memstore.Options{Now: func() time.Time { return now }})
+	srv, m := unitServer(t, `domain: tb
+rlqs: {descriptor_keys: [k]}
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 100, algorithm: token_bucket, burst: 20}
+`, store, rlqs.Options{})
+	ss, _ := srv.NewSession()
+	defer ss.Close()
+	ctx := context.Background()
+	id := map[string]string{"k": "v"}
+	resp, _ := ss.Report(ctx, now, report("tb", id))
+	if got := actions(resp); got != "tokens/10s" {
+		t.Fatalf("first grant %q, want a token bucket for 10s", got)
+	}
+	if n := resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetMaxTokens(); n != 20 {
+		t.Errorf("grant of %d, want the burst, 20", n)
+	}
+	now = now.Add(5 * time.Millisecond)
+	u := report("tb", id)
+	u.BucketQuotaUsages[0].NumRequestsAllowed, u.BucketQuotaUsages[0].NumRequestsDenied = 20, 500
+	resp, _ = ss.Report(ctx, now, u)
+	if got := actions(resp); got != "deny/1s" {
+		t.Fatalf("empty bucket: %q, want deny", got)
+	}
+	if w := ss.NextWake(); w.Before(now.Add(time.Second)) {
+		t.Errorf("wakes %v after, want a second at the soonest", w.Sub(now))
+	}
+	if got := testutil.ToFloat64(m.RLQSGrantHits.WithLabelValues("granted")); got != 20 {
+		t.Errorf("granted hits %v, want 20", got)
+	}
+}
