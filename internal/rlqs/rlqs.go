@@ -395,7 +395,7 @@ func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLi
 			out = append(out, ss.assign(b, allowAll(), s.opts.AllowTTL, sentAllow))
 			continue
 		}
-		if !b.keep(now) {
+		if !b.keep(now) && !slices.Contains(need, b) { // a bucket reported twice is granted once
 			need = append(need, b)
 		}
 	}

@@ -289,3 +289,21 @@ descriptors:
 		t.Errorf("granted hits %v, want 20", got)
 	}
 }
+
+// TestBucketReportedTwice: a bucket twice in one report is granted once
+// (two grants would send two buckets, the second dropping the first's
+// tokens).
+func TestBucketReportedTwice(t *testing.T) {
+	now := t0.Add(10 * time.Second)
+	srv, m := unitServer(t, kindsRules, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
+	ss, _ := srv.NewSession()
+	defer ss.Close()
+	id := map[string]string{"tenant": "acme", "route": "login"}
+	resp, _ := ss.Report(context.Background(), now, report("edge", id, map[string]string{"route": "login", "tenant": "acme"}))
+	if got := actions(resp); got != "tokens/49s" {
+		t.Errorf("a bucket reported twice: %q, want one grant", got)
+	}
+	if got := testutil.ToFloat64(m.RLQSGrants.WithLabelValues("taken")); got != 1 {
+		t.Errorf("%v grants taken, want 1", got)
+	}
+}

@@ -38,7 +38,7 @@ type sim struct {
 	limit  uint64
 	cfg    simConfig
 
-	srv    *rlqs.Server
+	srvs   []*rlqs.Server // Envoy i streams to srvs[i%len(srvs)]
 	svc    *service.Service
 	store  *redisstore.Store
 	redis  *redistest.Server
@@ -174,6 +174,7 @@ type simConfig struct {
 	window   time.Duration
 	limit    uint64
 	failDeny bool // the rule's failure_mode
+	servers  int  // ratelimitd instances sharing the Redis (0: one)
 }
 
 const simRules = `
@@ -217,7 +218,9 @@ func newSim(t *testing.T, cfg simConfig) *sim {
 	}
 	t.Cleanup(func() { s.store.Close() })
 	s.svc = service.New(snap, s.store, nil, service.Options{Now: func() time.Time { return s.now }})
-	s.srv = rlqs.New(s.svc, countingGranter{s, s.store}, rlqs.Options{Now: func() time.Time { return s.now }, Metrics: metrics.New("test")})
+	for range max(1, cfg.servers) {
+		s.srvs = append(s.srvs, rlqs.New(s.svc, countingGranter{s, s.store}, rlqs.Options{Now: func() time.Time { return s.now }, Metrics: metrics.New("test")}))
+	}
 	for i := range cfg.envoys {
 		s.cut = append(s.cut, false)
 		s.tbWindow = append(s.tbWindow, time.Time{})
@@ -227,7 +230,7 @@ func newSim(t *testing.T, cfg simConfig) *sim {
 			if s.cut[i] {
 				return nil, errors.New("connection refused")
 			}
-			ss, err := s.srv.NewSession()
+			ss, err := s.srvs[i%len(s.srvs)].NewSession()
 			if err != nil {
 				return nil, err
 			}
@@ -393,6 +396,33 @@ func TestFleetBoundAtWindowEnd(t *testing.T) {
 			used = append(used, fmt.Sprintf("%d/%d", s.admitted[w], s.demand[w]))
 		}
 		t.Logf("%d envoys, 0.9x and 3.6x windows in turn: %s", n, strings.Join(used, " · "))
+	}
+}
+
+// TestFleetOverInstances: Envoys spread over three ratelimitd instances
+// on one Redis (each knows only its own streams' demand) stay within the
+// limit as one fleet.
+func TestFleetOverInstances(t *testing.T) {
+	const limit = 600
+	for _, demand := range []float64{1, 3} {
+		cfg := simConfig{envoys: 10, servers: 3, demand: demand, settings: rlqstest.Strict, limit: limit}
+		s := newSim(t, cfg)
+		s.run(4 * time.Minute)
+		s.close()
+		name := fmt.Sprintf("10 envoys over 3 instances, %.0fx", demand)
+		s.checkPaid(t, name)
+		var used []string
+		for i, w := range s.windows() {
+			got := s.admitted[w]
+			if got > limit {
+				t.Errorf("%s: window %d admitted %d, more than %d", name, i, got, limit)
+			}
+			if demand >= 3 && float64(got) < 0.9*limit {
+				t.Errorf("%s: window %d admitted %d: under 90 %% of the limit", name, i, got)
+			}
+			used = append(used, fmt.Sprintf("%d/%d", got, s.demand[w]))
+		}
+		t.Logf("%s: %s", name, strings.Join(used, " · "))
 	}
 }
 
