@@ -135,6 +135,7 @@ muts = [
     ("115 simulated Envoy starts a changed token bucket full","internal/rlqstest/envoy.go","nb.tokens = nb.max * b.tb.tokens / b.tb.max","nb.tokens = nb.max","./internal/rlqstest","TestTokenBucket"),
     ("116 simulated Envoy keeps an assignment without TTL","internal/rlqstest/envoy.go","ttl := time.Duration(a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().GetSeconds()) * time.Second","ttl := time.Duration(max(1, a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().GetSeconds())) * time.Hour","./internal/rlqstest","TestExpiry"),
     ("117 RLQS bucket reported twice granted twice","internal/rlqs/rlqs.go","if !b.keep(now) && !slices.Contains(need, b) {","if !b.keep(now) {","./internal/rlqs","TestBucketReportedTwice"),
+    ("118 RLQS idle bucket granted as it is abandoned","internal/rlqs/rlqs.go","return ss.buckets[b.key] != b })","return false })","./internal/rlqs","TestIdleNotGranted"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]

@@ -257,6 +257,7 @@ const (
 )
 
 type bucket struct {
+	key  string // in Session.buckets
 	id   *rlqsv3.BucketId
 	plan service.BucketPlan
 	// subscribed is the counter key the bucket is counted under in
@@ -377,7 +378,7 @@ func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLi
 				s.m.RLQSReject("too_many_buckets")
 				continue
 			}
-			b = &bucket{id: &rlqsv3.BucketId{Bucket: maps.Clone(id)}, rate: -1, rateSince: now, lastActive: now,
+			b = &bucket{key: key, id: &rlqsv3.BucketId{Bucket: maps.Clone(id)}, rate: -1, rateSince: now, lastActive: now,
 				firstCount: u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()}
 			ss.buckets[key] = b
 			s.m.RLQSBucket(1)
@@ -400,6 +401,8 @@ func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLi
 		}
 	}
 	out = append(out, ss.abandonIdle(now)...)
+	// An idle bucket reported without requests is abandoned, not granted.
+	need = slices.DeleteFunc(need, func(b *bucket) bool { return ss.buckets[b.key] != b })
 	out = append(out, ss.grant(ctx, now, need)...)
 	if len(out) == 0 {
 		return nil, nil

@@ -307,3 +307,26 @@ func TestBucketReportedTwice(t *testing.T) {
 		t.Errorf("%v grants taken, want 1", got)
 	}
 }
+
+// TestIdleNotGranted: a bucket whose report ends its idleness window
+// without requests is abandoned, and no grant is taken for it.
+func TestIdleNotGranted(t *testing.T) {
+	now := t0.Add(time.Second)
+	srv, m := unitServer(t, kindsRules, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{IdleAfter: 10 * time.Second})
+	ss, _ := srv.NewSession()
+	defer ss.Close()
+	id := map[string]string{"tenant": "acme", "route": "login"}
+	ctx := context.Background()
+	if resp, _ := ss.Report(ctx, now, report("edge", id)); actions(resp) != "tokens/58s" {
+		t.Fatalf("first grant %q", actions(resp))
+	}
+	idle := report("edge", id)
+	idle.BucketQuotaUsages[0].NumRequestsAllowed = 0
+	now = now.Add(58 * time.Second) // the grant expired, no requests since
+	if resp, _ := ss.Report(ctx, now, idle); actions(resp) != "abandon" {
+		t.Errorf("idle bucket: %q, want abandon alone", actions(resp))
+	}
+	if got := testutil.ToFloat64(m.RLQSGrants.WithLabelValues("taken")); got != 1 {
+		t.Errorf("%v grants taken, want only the first", got)
+	}
+}
