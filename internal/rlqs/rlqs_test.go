@@ -330,3 +330,118 @@ func TestIdleNotGranted(t *testing.T) {
 		t.Errorf("%v grants taken, want only the first", got)
 	}
 }
+
+// TestShareFollowsStreams: a bucket's share of what remains counts the
+// buckets on its counter now: once the other stream is gone, one bucket
+// may take all that remains; and the gauges return to zero.
+func TestShareFollowsStreams(t *testing.T) {
+	now := t0.Add(time.Second)
+	srv, m := unitServer(t, kindsRules, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
+	ctx := context.Background()
+	id := map[string]string{"tenant": "acme", "route": "login"}
+	grant := func(ss *rlqs.Session, demand uint64) uint32 {
+		t.Helper()
+		r := report("edge", id)
+		r.BucketQuotaUsages[0].NumRequestsDenied = demand
+		resp, err := ss.Report(ctx, now, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetBucketAction()[len(resp.GetBucketAction())-1].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetMaxTokens()
+	}
+	a, _ := srv.NewSession()
+	b, _ := srv.NewSession()
+	if got := grant(a, 0); got != 167 { // 1000 a minute: 10 s of it, over one bucket
+		t.Fatalf("a's first grant %d, want 167", got)
+	}
+	if got := grant(b, 100_000); got != (1000-167)/2 {
+		t.Fatalf("b's grant with a on the counter too: %d, want half of the %d left", got, 1000-167)
+	}
+	a.Close()
+	c, _ := srv.NewSession()
+	if got := grant(c, 100_000); got != (1000-167-416)/2 {
+		t.Fatalf("c's grant with b on the counter: %d, want half of the %d left (a is gone)", got, 1000-167-416)
+	}
+	b.Close()
+	c.Close()
+	if s, bk := testutil.ToFloat64(m.RLQSStreams), testutil.ToFloat64(m.RLQSBuckets); s != 0 || bk != 0 {
+		t.Errorf("gauges after every stream closed: %v streams, %v buckets", s, bk)
+	}
+}
+
+// TestGrantFollowsDemand: grants are the measured demand over two report
+// periods (the first measurement taken as is, later ones averaged), and
+// a grant with half a period of demand left is kept, not replaced.
+func TestGrantFollowsDemand(t *testing.T) {
+	now := t0.Add(time.Second)
+	srv, _ := unitServer(t, `domain: d
+rlqs: {descriptor_keys: [k]}
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 3600000}
+`, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
+	ss, _ := srv.NewSession()
+	defer ss.Close()
+	id := map[string]string{"k": "v"}
+	step := func(allowed, denied uint64) *rlqsv3.RateLimitQuotaResponse {
+		t.Helper()
+		r := report("d", id)
+		r.BucketQuotaUsages[0].NumRequestsAllowed, r.BucketQuotaUsages[0].NumRequestsDenied = allowed, denied
+		resp, err := ss.Report(context.Background(), now, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	size := func(resp *rlqsv3.RateLimitQuotaResponse) uint32 {
+		as := resp.GetBucketAction()
+		return as[len(as)-1].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetMaxTokens()
+	}
+	if got := size(step(1, 0)); got != 10_000 { // unmeasured: 10 s of the rule's rate
+		t.Fatalf("first grant %d, want 10000", got)
+	}
+	now = now.Add(5 * time.Second)
+	if got := size(step(10_000, 0)); got != 20_000 { // 2000/s measured
+		t.Fatalf("grant at 2000/s: %d, want 20000", got)
+	}
+	now = now.Add(5 * time.Second)
+	if resp := step(5_000, 0); resp != nil { // 15000 left: more than half a period at 1500/s
+		t.Fatalf("a grant with plenty left was replaced: %v", actions(resp))
+	}
+	now = now.Add(5 * time.Second)
+	if got := size(step(15_000, 15_000)); got != 37_500 { // (1500/s + 6000/s) / 2 = 3750/s
+		t.Fatalf("grant after averaging: %d, want 37500", got)
+	}
+}
+
+// TestBucketIDBounds: ids are refused one pair or one byte past the bound,
+// not at it.
+func TestBucketIDBounds(t *testing.T) {
+	srv, m := unitServer(t, kindsRules, nil, rlqs.Options{MaxBucketIDBytes: 64})
+	ss, _ := srv.NewSession()
+	defer ss.Close()
+	pairs := func(n int) map[string]string {
+		id := map[string]string{}
+		for i := range n { // one-byte keys: the pairs bound, not the bytes, decides
+			id[string(rune('A'+i))] = ""
+		}
+		return id
+	}
+	for _, tt := range []struct {
+		id   map[string]string
+		want int
+	}{
+		{map[string]string{"tenant": strings.Repeat("x", 58)}, 1}, // 64 bytes
+		{map[string]string{"tenant": strings.Repeat("x", 59)}, 0},
+		{pairs(rlqs.MaxBucketIDEntries), 1},
+		{pairs(rlqs.MaxBucketIDEntries + 1), 0},
+	} {
+		resp, _ := ss.Report(context.Background(), t0, report("edge", tt.id))
+		if got := len(resp.GetBucketAction()); got != tt.want {
+			t.Errorf("id of %d pairs: %d actions, want %d", len(tt.id), got, tt.want)
+		}
+	}
+	if got := testutil.ToFloat64(m.RLQSRejected.WithLabelValues("bucket_id_too_large")); got != 2 {
+		t.Errorf("refused ids %v, want 2", got)
+	}
+}
