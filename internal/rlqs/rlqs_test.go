@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -236,8 +237,22 @@ func TestFreshBucketEachGrant(t *testing.T) {
 	}
 	now = t0.Add(58*time.Second + 500*time.Millisecond)
 	u.BucketQuotaUsages[0].NumRequestsAllowed = 1000
+	snap, _ := config.Parse("rules.yaml", []byte(kindsRules))
+	plan, _ := service.New(snap, store, nil, service.Options{}).PlanBucket("edge", []*rlcommon.RateLimitDescriptor_Entry{
+		{Key: "tenant", Value: "acme"}, {Key: "route", Value: "login"}})
+	left := func() uint64 {
+		r, err := store.Grant(ctx, []limit.GrantOp{{Check: plan.Check}}) // takes nothing
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r[0].Remaining
+	}
+	before := left()
 	if resp, _ = ss.Report(ctx, now, u); actions(resp) != "deny/3s" {
 		t.Errorf("grant 1.5 s before the window ends: %q, want deny until it ends", actions(resp))
+	}
+	if after := left(); after != before {
+		t.Errorf("the counter has %d left after a grant given back, %d before", after, before)
 	}
 	if got := testutil.ToFloat64(m.RLQSGrants.WithLabelValues("returned")); got != 1 {
 		t.Errorf("returned grants = %v, want 1", got)
@@ -374,7 +389,7 @@ func TestShareFollowsStreams(t *testing.T) {
 // a grant with half a period of demand left is kept, not replaced.
 func TestGrantFollowsDemand(t *testing.T) {
 	now := t0.Add(time.Second)
-	srv, _ := unitServer(t, `domain: d
+	srv, m := unitServer(t, `domain: d
 rlqs: {descriptor_keys: [k]}
 descriptors:
   - key: k
@@ -411,6 +426,59 @@ descriptors:
 	now = now.Add(5 * time.Second)
 	if got := size(step(15_000, 15_000)); got != 37_500 { // (1500/s + 6000/s) / 2 = 3750/s
 		t.Fatalf("grant after averaging: %d, want 37500", got)
+	}
+	if got := testutil.ToFloat64(m.RLQSGrantHits.WithLabelValues("lost")); got != 0 {
+		t.Fatalf("lost hits %v after grants spent whole", got)
+	}
+	now = now.Add(5 * time.Second)
+	if got := size(step(30_000, 0)); got != 48_750 { // (3750/s + 6000/s) / 2; 7500 left is under half a period
+		t.Fatalf("grant at 4875/s: %d, want 48750", got)
+	}
+	if got := testutil.ToFloat64(m.RLQSGrantHits.WithLabelValues("lost")); got != 7_500 {
+		t.Errorf("lost hits %v, want the 7500 the replaced grant had left", got)
+	}
+}
+
+// TestShareByDemand: what remains is shared by demand among the buckets
+// on a counter (at least evenly): a bucket with 99 % of the demand may
+// take 99 % of what remains.
+func TestShareByDemand(t *testing.T) {
+	now := t0.Add(time.Second)
+	srv, _ := unitServer(t, `domain: d
+rlqs: {descriptor_keys: [k]}
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 100000}
+`, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
+	a, _ := srv.NewSession()
+	defer a.Close()
+	b, _ := srv.NewSession()
+	defer b.Close()
+	id := map[string]string{"k": "v"}
+	step := func(ss *rlqs.Session, allowed, denied uint64) uint32 {
+		t.Helper()
+		r := report("d", id)
+		r.BucketQuotaUsages[0].NumRequestsAllowed, r.BucketQuotaUsages[0].NumRequestsDenied = allowed, denied
+		resp, err := ss.Report(context.Background(), now, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		as := resp.GetBucketAction()
+		return as[len(as)-1].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetMaxTokens()
+	}
+	ga := step(a, 1, 0) // 10 s of the rule's rate: 278
+	gb := step(b, 1, 0) // the same over two buckets: 139
+	if ga != 278 || gb != 139 {
+		t.Fatalf("first grants %d, %d, want 278, 139", ga, gb)
+	}
+	now = now.Add(5 * time.Second)
+	if got := step(b, 139, 361); got != 1000 { // 100/s
+		t.Fatalf("b at 100/s: %d, want 1000", got)
+	}
+	remaining := uint64(100_000 - 278 - 139 - 1000)
+	want := uint32(float64(remaining) * min(1.0, 10000.0/10100.0))
+	if got := step(a, 278, 49_722); got != want { // 10000/s: 99 % of the demand
+		t.Errorf("a at 10000/s: %d, want %d (its share of the demand of what remains, not half)", got, want)
 	}
 }
 
