@@ -344,6 +344,9 @@ func TestIdleNotGranted(t *testing.T) {
 	if got := testutil.ToFloat64(m.RLQSGrants.WithLabelValues("taken")); got != 1 {
 		t.Errorf("%v grants taken, want only the first", got)
 	}
+	if got := testutil.ToFloat64(m.RLQSBuckets); got != 0 {
+		t.Errorf("buckets gauge %v after the only bucket was abandoned", got)
+	}
 }
 
 // TestShareFollowsStreams: a bucket's share of what remains counts the
