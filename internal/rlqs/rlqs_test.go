@@ -92,6 +92,27 @@ func actions(resp *rlqsv3.RateLimitQuotaResponse) string {
 	return strings.Join(out, " ")
 }
 
+// counts reports one usage of id on ss at now and returns the response.
+func counts(t *testing.T, ss *rlqs.Session, now time.Time, domain string, id map[string]string, allowed, denied uint64) *rlqsv3.RateLimitQuotaResponse {
+	t.Helper()
+	r := report(domain, id)
+	r.BucketQuotaUsages[0].NumRequestsAllowed, r.BucketQuotaUsages[0].NumRequestsDenied = allowed, denied
+	resp, err := ss.Report(context.Background(), now, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// granted is the size of the token bucket a response ends with (0: none).
+func granted(resp *rlqsv3.RateLimitQuotaResponse) uint32 {
+	as := resp.GetBucketAction()
+	if len(as) == 0 {
+		return 0
+	}
+	return as[len(as)-1].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetMaxTokens()
+}
+
 var t0 = time.Unix(1_800_000_000, 0).Truncate(time.Hour)
 
 // TestKinds: what each kind of bucket is assigned.
@@ -355,17 +376,10 @@ func TestIdleNotGranted(t *testing.T) {
 func TestShareFollowsStreams(t *testing.T) {
 	now := t0.Add(time.Second)
 	srv, m := unitServer(t, kindsRules, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
-	ctx := context.Background()
 	id := map[string]string{"tenant": "acme", "route": "login"}
 	grant := func(ss *rlqs.Session, demand uint64) uint32 {
 		t.Helper()
-		r := report("edge", id)
-		r.BucketQuotaUsages[0].NumRequestsDenied = demand
-		resp, err := ss.Report(ctx, now, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.GetBucketAction()[len(resp.GetBucketAction())-1].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetMaxTokens()
+		return granted(counts(t, ss, now, "edge", id, 1, demand))
 	}
 	a, _ := srv.NewSession()
 	b, _ := srv.NewSession()
@@ -403,23 +417,13 @@ descriptors:
 	id := map[string]string{"k": "v"}
 	step := func(allowed, denied uint64) *rlqsv3.RateLimitQuotaResponse {
 		t.Helper()
-		r := report("d", id)
-		r.BucketQuotaUsages[0].NumRequestsAllowed, r.BucketQuotaUsages[0].NumRequestsDenied = allowed, denied
-		resp, err := ss.Report(context.Background(), now, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp
+		return counts(t, ss, now, "d", id, allowed, denied)
 	}
-	size := func(resp *rlqsv3.RateLimitQuotaResponse) uint32 {
-		as := resp.GetBucketAction()
-		return as[len(as)-1].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetMaxTokens()
-	}
-	if got := size(step(1, 0)); got != 10_000 { // unmeasured: 10 s of the rule's rate
+	if got := granted(step(1, 0)); got != 10_000 { // unmeasured: 10 s of the rule's rate
 		t.Fatalf("first grant %d, want 10000", got)
 	}
 	now = now.Add(5 * time.Second)
-	if got := size(step(10_000, 0)); got != 20_000 { // 2000/s measured
+	if got := granted(step(10_000, 0)); got != 20_000 { // 2000/s measured
 		t.Fatalf("grant at 2000/s: %d, want 20000", got)
 	}
 	now = now.Add(5 * time.Second)
@@ -427,14 +431,14 @@ descriptors:
 		t.Fatalf("a grant with plenty left was replaced: %v", actions(resp))
 	}
 	now = now.Add(5 * time.Second)
-	if got := size(step(15_000, 15_000)); got != 37_500 { // (1500/s + 6000/s) / 2 = 3750/s
+	if got := granted(step(15_000, 15_000)); got != 37_500 { // (1500/s + 6000/s) / 2 = 3750/s
 		t.Fatalf("grant after averaging: %d, want 37500", got)
 	}
 	if got := testutil.ToFloat64(m.RLQSGrantHits.WithLabelValues("lost")); got != 0 {
 		t.Fatalf("lost hits %v after grants spent whole", got)
 	}
 	now = now.Add(5 * time.Second)
-	if got := size(step(30_000, 0)); got != 48_750 { // (3750/s + 6000/s) / 2; 7500 left is under half a period
+	if got := granted(step(30_000, 0)); got != 48_750 { // (3750/s + 6000/s) / 2; 7500 left is under half a period
 		t.Fatalf("grant at 4875/s: %d, want 48750", got)
 	}
 	if got := testutil.ToFloat64(m.RLQSGrantHits.WithLabelValues("lost")); got != 7_500 {
@@ -460,14 +464,7 @@ descriptors:
 	id := map[string]string{"k": "v"}
 	step := func(ss *rlqs.Session, allowed, denied uint64) uint32 {
 		t.Helper()
-		r := report("d", id)
-		r.BucketQuotaUsages[0].NumRequestsAllowed, r.BucketQuotaUsages[0].NumRequestsDenied = allowed, denied
-		resp, err := ss.Report(context.Background(), now, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		as := resp.GetBucketAction()
-		return as[len(as)-1].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetMaxTokens()
+		return granted(counts(t, ss, now, "d", id, allowed, denied))
 	}
 	ga := step(a, 1, 0) // 10 s of the rule's rate: 278
 	gb := step(b, 1, 0) // the same over two buckets: 139
