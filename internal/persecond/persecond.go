@@ -30,14 +30,7 @@ type Store struct {
 // Evaluate decides checks, all or nothing across the two stores: the
 // main store first, as limit.EvaluateInOrder does across groups.
 func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
-	var mainIdx, fastIdx []int
-	for i, c := range checks {
-		if c.WindowUS == Window {
-			fastIdx = append(fastIdx, i)
-		} else {
-			mainIdx = append(mainIdx, i)
-		}
-	}
+	mainIdx, fastIdx := split(len(checks), func(i int) int64 { return checks[i].WindowUS })
 	switch {
 	case len(fastIdx) == 0:
 		return s.Main.Evaluate(ctx, checks)
@@ -50,38 +43,49 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 	})
 }
 
-// Granter takes and gives back grants (both stores of ratelimitd are).
-type Granter interface {
+// split returns the indexes of n items by store: those of other windows
+// (main), those of one-second windows (fast).
+func split(n int, window func(i int) int64) (mainIdx, fastIdx []int) {
+	for i := range n {
+		if window(i) == Window {
+			fastIdx = append(fastIdx, i)
+		} else {
+			mainIdx = append(mainIdx, i)
+		}
+	}
+	return mainIdx, fastIdx
+}
+
+// granter takes and gives back grants (both stores of ratelimitd do).
+type granter interface {
 	Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error)
 }
 
-// Grant routes each op by window as Evaluate does; both stores must be
-// Granters.
+// Grant routes each op by window as Evaluate does; both stores must
+// grant.
 func (s *Store) Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error) {
+	mainIdx, fastIdx := split(len(ops), func(i int) int64 { return ops[i].Check.WindowUS })
 	out := make([]limit.GrantResult, len(ops))
-	for _, st := range []struct {
-		fast bool
-		e    Evaluator
-	}{{false, s.Main}, {true, s.PerSecond}} {
-		var idx []int
-		var part []limit.GrantOp
-		for i, op := range ops {
-			if (op.Check.WindowUS == Window) == st.fast {
-				idx, part = append(idx, i), append(part, op)
-			}
-		}
-		if len(part) == 0 {
+	for _, part := range []struct {
+		idx []int
+		e   Evaluator
+	}{{mainIdx, s.Main}, {fastIdx, s.PerSecond}} {
+		if len(part.idx) == 0 {
 			continue
 		}
-		g, ok := st.e.(Granter)
+		g, ok := part.e.(granter)
 		if !ok {
-			return nil, fmt.Errorf("persecond: %T cannot grant", st.e)
+			return nil, fmt.Errorf("persecond: %T cannot grant", part.e)
 		}
-		res, err := g.Grant(ctx, part)
+		sub := make([]limit.GrantOp, len(part.idx))
+		for j, i := range part.idx {
+			sub[j] = ops[i]
+		}
+		res, err := g.Grant(ctx, sub)
 		if err != nil {
 			return nil, err
 		}
-		for j, i := range idx {
+		for j, i := range part.idx {
 			out[i] = res[j]
 		}
 	}

@@ -256,10 +256,25 @@ const (
 	sentDeny
 )
 
+// String names the kind as ratelimitd_rlqs_assignments_total does.
+func (k sent) String() string {
+	switch k {
+	case sentTokens:
+		return "token_bucket"
+	case sentAllow:
+		return "allow_all"
+	case sentDeny:
+		return "deny_all"
+	}
+	return "none"
+}
+
 type bucket struct {
-	key  string // in Session.buckets
-	id   *rlqsv3.BucketId
-	plan service.BucketPlan
+	key string // in Session.buckets
+	// needed marks it in the grants a report is collecting.
+	needed bool
+	id     *rlqsv3.BucketId
+	plan   service.BucketPlan
 	// subscribed is the counter key the bucket is counted under in
 	// srv.counters ("" when none).
 	subscribed string
@@ -396,7 +411,8 @@ func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLi
 			out = append(out, ss.assign(b, allowAll(), s.opts.AllowTTL, sentAllow))
 			continue
 		}
-		if !b.keep(now) && !slices.Contains(need, b) { // a bucket reported twice is granted once
+		if !b.keep(now) && !b.needed { // a bucket reported twice is granted once
+			b.needed = true
 			need = append(need, b)
 		}
 	}
@@ -482,10 +498,7 @@ func (ss *Session) replan(b *bucket, keys []string) error {
 		}
 		c.subs++
 		b.subscribed = p.Check.Key
-		if b.rate >= 0 {
-			c.rateSum += b.rate
-			b.contrib = b.rate
-		}
+		contributeLocked(c, b)
 	}
 	s.mu.Unlock()
 	b.plan, b.granted, b.used, b.wake = p, 0, 0, time.Time{}
@@ -551,6 +564,7 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 	s := ss.srv
 	ops := make([]limit.GrantOp, len(need))
 	for i, b := range need {
+		b.needed = false
 		ops[i].Check = b.plan.Check
 		ops[i].Check.Hits = ss.size(b, now)
 	}
@@ -590,12 +604,12 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 			out = append(out, ss.denyUntil(b, now, reset))
 		default:
 			s.m.RLQSGrant("taken", r.Hits)
-			if b.sent == sentTokens && b.granted > b.used {
+			if b.sent == sentTokens {
 				// What the replaced grant had left by the Envoy's last
 				// report: an upper bound of the hits it never spent.
-				s.m.RLQSGrantLost(b.granted - b.used)
-			}
-			if b.sent == sentTokens {
+				if b.granted > b.used {
+					s.m.RLQSGrantLost(b.granted - b.used)
+				}
 				// A token bucket replacing one would carry the old
 				// one's tokens over: end it first.
 				out = append(out, ss.assign(b, denyAll(), ttl, sentDeny))
@@ -618,11 +632,19 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 // noteRate puts the bucket's demand into its counter's sum.
 func (s *Server) noteRate(b *bucket) {
 	s.mu.Lock()
-	if c := s.counters[b.subscribed]; c != nil && b.rate >= 0 {
+	if c := s.counters[b.subscribed]; c != nil {
+		contributeLocked(c, b)
+	}
+	s.mu.Unlock()
+}
+
+// contributeLocked makes the bucket's measured rate its part of c's sum
+// (nothing while unmeasured).
+func contributeLocked(c *counter, b *bucket) {
+	if b.rate >= 0 {
 		c.rateSum += b.rate - b.contrib
 		b.contrib = b.rate
 	}
-	s.mu.Unlock()
 }
 
 func (s *Server) noteRemaining(key string, remaining uint64, till time.Time) {
@@ -639,14 +661,13 @@ func (s *Server) noteRemaining(key string, remaining uint64, till time.Time) {
 // due in a millisecond, and asking for it hit by hit would load Redis.
 func (ss *Session) denyUntil(b *bucket, now time.Time, reset time.Duration) *rlqsv3.RateLimitQuotaResponse_BucketAction {
 	ttl := max(time.Second, reset.Round(time.Second)+time.Second)
-	b.granted, b.used = 0, 0
 	b.wake = now.Add(max(reset, time.Second))
 	return ss.assign(b, denyAll(), ttl, sentDeny)
 }
 
 // failure answers by the bucket's failure mode for FailureTTL.
 func (ss *Session) failure(b *bucket, now time.Time) *rlqsv3.RateLimitQuotaResponse_BucketAction {
-	b.granted, b.used, b.wake = 0, 0, time.Time{}
+	b.wake = time.Time{}
 	if b.plan.Failure == config.FailureDeny {
 		return ss.assign(b, denyAll(), ss.srv.opts.FailureTTL, sentDeny)
 	}
@@ -657,8 +678,7 @@ func (ss *Session) failure(b *bucket, now time.Time) *rlqsv3.RateLimitQuotaRespo
 // demand) and returns them (nil: none).
 func (ss *Session) Wake(ctx context.Context, now time.Time) *rlqsv3.RateLimitQuotaResponse {
 	var need []*bucket
-	for _, k := range slices.Sorted(maps.Keys(ss.buckets)) {
-		b := ss.buckets[k]
+	for _, b := range ss.buckets {
 		if b.wake.IsZero() || b.wake.After(now) {
 			continue
 		}
@@ -667,6 +687,7 @@ func (ss *Session) Wake(ctx context.Context, now time.Time) *rlqsv3.RateLimitQuo
 			need = append(need, b)
 		}
 	}
+	slices.SortFunc(need, func(x, y *bucket) int { return strings.Compare(x.key, y.key) }) // answers in a stable order
 	out := ss.grant(ctx, now, need)
 	if len(out) == 0 {
 		return nil
@@ -687,17 +708,20 @@ func (ss *Session) NextWake() time.Time {
 
 // abandonIdle abandons the buckets without requests for IdleAfter.
 func (ss *Session) abandonIdle(now time.Time) []*rlqsv3.RateLimitQuotaResponse_BucketAction {
-	var out []*rlqsv3.RateLimitQuotaResponse_BucketAction
 	s := ss.srv
-	for _, k := range slices.Sorted(maps.Keys(ss.buckets)) {
-		b := ss.buckets[k]
-		if now.Sub(b.lastActive) < s.opts.IdleAfter {
-			continue
+	var idle []*bucket
+	for _, b := range ss.buckets {
+		if now.Sub(b.lastActive) >= s.opts.IdleAfter {
+			idle = append(idle, b)
 		}
+	}
+	slices.SortFunc(idle, func(x, y *bucket) int { return strings.Compare(x.key, y.key) }) // answers in a stable order
+	out := make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(idle))
+	for _, b := range idle {
 		s.mu.Lock()
 		s.unsubscribeLocked(b)
 		s.mu.Unlock()
-		delete(ss.buckets, k)
+		delete(ss.buckets, b.key)
 		s.m.RLQSBucket(-1)
 		s.m.RLQSAssignment("abandon")
 		out = append(out, &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id,
@@ -713,8 +737,7 @@ func (ss *Session) assign(b *bucket, strategy *typev3.RateLimitStrategy, ttl tim
 	if kind != sentTokens {
 		b.granted, b.used = 0, 0
 	}
-	name := map[sent]string{sentTokens: "token_bucket", sentAllow: "allow_all", sentDeny: "deny_all"}[kind]
-	ss.srv.m.RLQSAssignment(name)
+	ss.srv.m.RLQSAssignment(kind.String())
 	return &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id,
 		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
 			QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
