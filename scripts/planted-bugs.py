@@ -136,6 +136,17 @@ muts = [
     ("116 simulated Envoy keeps an assignment without TTL","internal/rlqstest/envoy.go","ttl := time.Duration(a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().GetSeconds()) * time.Second","ttl := time.Duration(max(1, a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().GetSeconds())) * time.Hour","./internal/rlqstest","TestExpiry"),
     ("117 RLQS bucket reported twice granted twice","internal/rlqs/rlqs.go","if !b.keep(now) && !b.needed {","if !b.keep(now) {","./internal/rlqs","TestBucketReportedTwice"),
     ("118 RLQS idle bucket granted as it is abandoned","internal/rlqs/rlqs.go","return ss.buckets[b.key] != b })","return false })","./internal/rlqs","TestIdleNotGranted"),
+    ("119 merged domains' rlqs keys may differ","config/merge.go","case !slices.Equal(d.RLQSKeys, o.RLQSKeys):","case false:","./config","TestRLQSMerge"),
+    ("120 duplicate rlqs key accepted","config/parse.go","case slices.Contains(keys, k):","case slices.Contains(keys, k) && false:","./config","TestBadConfigs|TestRLQSBad"),
+    ("121 memstore grant names no window","internal/memstore/memstore.go","r.WindowEndUS = st.End","r.WindowEndUS = 0","./internal/memstore","TestGrant$"),
+    ("122 bucket plan off the rule's limit","internal/service/bucket.go","Limit: uint64(it.rpu), WindowUS: it.windowUS, Algorithm","Limit: uint64(it.rpu) + 1, WindowUS: it.windowUS, Algorithm","./internal/service","TestPlanBucket"),
+    ("123 shadow bucket counted","internal/service/bucket.go","case it.shadow || s.opts.ShadowMode:","case false:","./internal/rlqs","TestKinds"),
+    ("124 persecond grants all to the main store","internal/persecond/persecond.go","return mainIdx, fastIdx","return append(mainIdx, fastIdx...), nil","./internal/persecond","TestGrantRoutes"),
+    ("125 empty token_bucket rule asked at its next token","internal/rlqs/rlqs.go","b.wake = now.Add(max(reset, time.Second))","b.wake = now.Add(reset)","./internal/rlqs","TestTokenBucketRule"),
+    ("126 RLQS handler never wakes","internal/rlqs/rlqs.go","wait = max(0, w.Sub(s.opts.Now()))","wait = time.Hour","./internal/rlqs","TestStreamHandler"),
+    ("127 simulated Envoy reports no new bucket","internal/rlqstest/envoy.go","e.send(e.report(now, []*bucket{b}))","_ = e.report(now, []*bucket{b})","./internal/rlqstest","TestBasicFlow|TestNoAssignment"),
+    ("128 simulated Envoy never reopens its stream","internal/rlqstest/envoy.go","\tif e.conn == nil {\n\t\te.open()","\tif e.conn == nil \u0026\u0026 false {\n\t\te.open()","./internal/rlqstest","TestStreamClosed"),
+    ("129 --rlqs-margin 0 accepted","cmd/ratelimitd/settings.go","case s.rlqs.margin <= 0 ||","case s.rlqs.margin < 0 ||","./cmd/ratelimitd","TestRLQSFlags"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]
