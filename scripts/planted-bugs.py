@@ -147,6 +147,10 @@ muts = [
     ("127 simulated Envoy reports no new bucket","internal/rlqstest/envoy.go","e.send(e.report(now, []*bucket{b}))","_ = e.report(now, []*bucket{b})","./internal/rlqstest","TestBasicFlow|TestNoAssignment"),
     ("128 simulated Envoy never reopens its stream","internal/rlqstest/envoy.go","\tif e.conn == nil {\n\t\te.open()","\tif e.conn == nil \u0026\u0026 false {\n\t\te.open()","./internal/rlqstest","TestStreamClosed"),
     ("129 --rlqs-margin 0 accepted","cmd/ratelimitd/settings.go","case s.rlqs.margin <= 0 ||","case s.rlqs.margin < 0 ||","./cmd/ratelimitd","TestRLQSFlags"),
+    ("130 RLQS served without --rlqs","cmd/ratelimitd/run.go","\tif s.rlqs.on {","\tif true {","./cmd/ratelimitd","TestRLQSOff"),
+    ("131 simulated Envoy applies requests_per_time_unit","internal/rlqstest/envoy.go","case *typev3.RateLimitStrategy_BlanketRule_, *typev3.RateLimitStrategy_TokenBucket:","case *typev3.RateLimitStrategy_BlanketRule_, *typev3.RateLimitStrategy_TokenBucket, *typev3.RateLimitStrategy_RequestsPerTimeUnit_:","./internal/rlqstest","TestUnsupportedStrategy"),
+    ("132 simulated Envoy ignores abandon","internal/rlqstest/envoy.go","\t\t\tdelete(e.buckets, key)\n","\t\t\t_ = key\n","./internal/rlqstest","TestAbandon"),
+    ("133 simulated Envoy keeps a closed stream","internal/rlqstest/envoy.go","\t\t\te.conn = nil\n\t\t\tcontinue","\t\t\tcontinue","./internal/rlqs","TestStreamLoss"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]

@@ -89,7 +89,10 @@ func TestRLQS(t *testing.T) {
 // TestRLQSOff: without --rlqs the service is not served.
 func TestRLQSOff(t *testing.T) {
 	in := start(t, env(nil), "--config", writeRules(t, rlqsRules))
-	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(dial(t, in.grpcAddr)).StreamRateLimitQuotas(context.Background())
+	// Bounded: a served RLQS would keep the stream open.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(dial(t, in.grpcAddr)).StreamRateLimitQuotas(ctx)
 	if err == nil {
 		_ = stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "edge"})
 		_, err = stream.Recv()

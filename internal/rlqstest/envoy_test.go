@@ -191,18 +191,23 @@ func TestTokenBucket(t *testing.T) {
 	}
 }
 
-// MultiRequestWithUnsupportedStrategy: requests_per_time_unit is ignored.
+// MultiRequestWithUnsupportedStrategy: requests_per_time_unit, and an
+// assignment without strategy, are ignored: the assignment in force (here
+// a DENY_ALL, so that ignoring shows) stays.
 func TestUnsupportedStrategy(t *testing.T) {
 	f := &fake{}
 	e := New(Settings{Domain: "d"}, f.dial)
-	e.Request(at(0), bkt)
+	if !e.Request(at(0), bkt) {
+		t.Fatal("first request denied under the default no_assignment_behavior")
+	}
+	f.push(e, at(0), assign(bkt, blanket(typev3.RateLimitStrategy_DENY_ALL), durationpb.New(time.Minute)))
 	f.deliver(assign(bkt, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_RequestsPerTimeUnit_{
-		RequestsPerTimeUnit: &typev3.RateLimitStrategy_RequestsPerTimeUnit{RequestsPerTimeUnit: 0, TimeUnit: typev3.RateLimitUnit_SECOND}}},
+		RequestsPerTimeUnit: &typev3.RateLimitStrategy_RequestsPerTimeUnit{RequestsPerTimeUnit: 100, TimeUnit: typev3.RateLimitUnit_SECOND}}},
 		durationpb.New(time.Minute)))
 	f.push(e, at(0), assign(bkt, &typev3.RateLimitStrategy{}, durationpb.New(time.Minute)))
 	for i := range 3 {
-		if !e.Request(at(1+float64(i)), bkt) {
-			t.Fatal("an unsupported strategy took effect")
+		if e.Request(at(1+float64(i)), bkt) {
+			t.Fatal("an unsupported strategy took effect: the DENY_ALL in force was replaced")
 		}
 	}
 }
