@@ -151,6 +151,7 @@ muts = [
     ("131 simulated Envoy applies requests_per_time_unit","internal/rlqstest/envoy.go","case *typev3.RateLimitStrategy_BlanketRule_, *typev3.RateLimitStrategy_TokenBucket:","case *typev3.RateLimitStrategy_BlanketRule_, *typev3.RateLimitStrategy_TokenBucket, *typev3.RateLimitStrategy_RequestsPerTimeUnit_:","./internal/rlqstest","TestUnsupportedStrategy"),
     ("132 simulated Envoy ignores abandon","internal/rlqstest/envoy.go","\t\t\tdelete(e.buckets, key)\n","\t\t\t_ = key\n","./internal/rlqstest","TestAbandon"),
     ("133 simulated Envoy keeps a closed stream","internal/rlqstest/envoy.go","\t\t\te.conn = nil\n\t\t\tcontinue","\t\t\tcontinue","./internal/rlqs","TestStreamLoss"),
+    ("134 RLQS token bucket holds more than its grant","internal/rlqs/rlqs.go","ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens)","ss.assign(b, tokens(r.Hits+2, ttl), ttl, sentTokens)","./internal/rlqs","TestFleetBound$|TestFleetOverInstances"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]
 only = sys.argv[1:]
