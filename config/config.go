@@ -32,6 +32,48 @@ type RateLimit struct {
 	// from the store's counter (grants), never more than the limit in
 	// all; a store with one process decides it exactly.
 	Lease bool
+	// RejectedHits says what a refused call consumes; RejectedUnset
+	// defers to the service's --rejected-hits.
+	RejectedHits RejectedHits
+}
+
+// RejectedHits says what a refused call consumes of a limit.
+type RejectedHits uint8
+
+// The choices of rejected_hits. The zero value defers to the service.
+const (
+	RejectedUnset RejectedHits = iota
+	// RejectedUsage records the hits of a call that states them (a
+	// descriptor's hits_addend, or the request's): usage reported after
+	// the fact, such as an LLM response's tokens, is charged even when
+	// it crosses the limit or the call is refused. A call that states no
+	// hits (1 by default) is a request, and refused it consumes nothing.
+	// A call stating 0 hits is a budget check.
+	RejectedUsage
+	// RejectedNothing keeps every refused call from consuming anything.
+	RejectedNothing
+)
+
+// ParseRejectedHits parses "usage" or "nothing".
+func ParseRejectedHits(s string) (RejectedHits, error) {
+	switch s {
+	case "usage":
+		return RejectedUsage, nil
+	case "nothing":
+		return RejectedNothing, nil
+	}
+	return RejectedUnset, fmt.Errorf("unknown rejected_hits %q (want usage or nothing)", s)
+}
+
+// String returns the name used in rules files.
+func (r RejectedHits) String() string {
+	switch r {
+	case RejectedUsage:
+		return "usage"
+	case RejectedNothing:
+		return "nothing"
+	}
+	return "unset"
 }
 
 // Window is the length of one window: the unit times the multiplier.

@@ -193,6 +193,15 @@ func (p *parser) domain(n *yaml.Node) *Domain {
 		p.errorf(n, "domain", "missing or empty domain")
 	}
 	d.root = p.descriptors(f["descriptors"], "descriptors", d, nil)
+	if d.RLQSKeys != nil {
+		for _, r := range d.rules {
+			if r.Limit != nil && r.Limit.RejectedHits == RejectedUsage {
+				// An RLQS bucket spends granted requests, one per call; a
+				// usage charge has no way in, so the budget would not hold.
+				p.errorf(f["rlqs"], "rlqs", "rule %s sets rejected_hits: usage, and RLQS buckets count requests, not usage: serve the budget over ShouldRateLimit, or drop rlqs from this domain", r.Path)
+			}
+		}
+	}
 	return d
 }
 
@@ -371,7 +380,7 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 }
 
 func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
-	f := p.fields(n, path, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "lease")
+	f := p.fields(n, path, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "lease", "rejected_hits")
 	if f == nil {
 		return nil
 	}
@@ -381,6 +390,22 @@ func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
 		l.Lease = p.boolean(v, path+".lease")
 		if l.Unlimited && l.Lease {
 			p.errorf(v, path+".lease", "an unlimited rule has nothing to lease")
+		}
+	}
+	if v, ok := f["rejected_hits"]; ok {
+		if s, ok := p.str(v, path+".rejected_hits"); ok {
+			rh, err := ParseRejectedHits(s)
+			switch {
+			case err != nil:
+				p.errorf(v, path+".rejected_hits", "%v", err)
+			case l.Unlimited:
+				p.errorf(v, path+".rejected_hits", "an unlimited rule counts nothing")
+			case rh == RejectedUsage && l.Lease:
+				// Leased hits are taken before they are used; a charge
+				// after the fact cannot come out of a lease.
+				p.errorf(v, path+".rejected_hits", "a usage budget cannot be leased (drop lease, or set rejected_hits: nothing)")
+			}
+			l.RejectedHits = rh
 		}
 	}
 	if v, ok := f["name"]; ok {

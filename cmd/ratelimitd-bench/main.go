@@ -113,8 +113,23 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.DurationVar(&f.window, "window", time.Second, "-fleet: the counter's window")
 	fs.Float64Var(&f.limit, "limit", 1000, "-fleet: the counter's limit per window")
 	fs.IntVar(&f.windows, "windows", 5, "-fleet: windows measured")
+	var b budgetOptions
+	var budget bool
+	fs.BoolVar(&budget, "budget", false, "token budget: -streams concurrent streams, each a check (hits_addend 0), a stream, and a charge of its tokens, on the \"budget\" key for -duration; report the tokens let through over -budget-limit and the false refusals")
+	fs.Uint64Var(&b.budget, "budget-limit", 1_000_000, "-budget: the budget rule's requests_per_unit")
+	fs.StringVar(&b.key, "budget-key", "budget", "-budget: the budget rule's descriptor key (deploy/bench/rules.yaml: budget, 1,000,000 an hour; budget_100k)")
+	fs.IntVar(&b.streams, "streams", 64, "-budget: concurrent streams")
+	fs.IntVar(&b.skewed, "skewed", 0, "-budget: how many of the streams are 20 times longer and larger")
+	fs.Uint64Var(&b.minTok, "tokens-min", 1000, "-budget: fewest tokens of a stream")
+	fs.Uint64Var(&b.maxTok, "tokens-max", 4000, "-budget: most tokens of a stream")
+	fs.DurationVar(&b.minDur, "stream-min", 20*time.Millisecond, "-budget: shortest stream")
+	fs.DurationVar(&b.maxDur, "stream-max", 200*time.Millisecond, "-budget: longest stream")
+	fs.DurationVar(&b.retry, "retry", 50*time.Millisecond, "-budget: wait after a refused check before the next")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if budget && (b.streams < 1 || b.maxTok < b.minTok || b.minTok == 0 || b.maxDur < b.minDur || b.skewed > b.streams) {
+		return errors.New("-budget: want -streams >= 1, 1 <= -tokens-min <= -tokens-max, -stream-min <= -stream-max, -skewed <= -streams")
 	}
 	if fleet != "" {
 		var err error
@@ -140,6 +155,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		defer cc.Close()
 		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
+	}
+	if budget {
+		return runBudget(ctx, &o, &b, clients, out)
 	}
 	if o.warmup > 0 {
 		wctx, cancel := context.WithTimeout(ctx, o.warmup)

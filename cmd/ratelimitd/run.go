@@ -140,6 +140,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		ResponseHeaders:  service.HeaderStyle(s.responseHeaders),
 		HeaderNames:      s.headerNames,
 		FailureMode:      s.failureMode,
+		RejectedHits:     s.rejectedHits,
+		UsageTimeout:     s.usageTimeout,
 		DecisionMetadata: s.decisionMeta,
 		NearLimitRatio:   s.nearLimitRatio,
 		Metrics:          m,

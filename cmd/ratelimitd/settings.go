@@ -53,6 +53,8 @@ type settings struct {
 	logFormat         string
 	drainDelay        time.Duration
 	failureMode       config.FailureMode
+	rejectedHits      config.RejectedHits
+	usageTimeout      time.Duration
 	redisMode         string
 	redisTLSCA        string
 	redisTLSCert      string
@@ -152,6 +154,12 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 		s.failureMode = fm
 		return err
 	})
+	fs.Func("rejected-hits", "usage or nothing: what a refused call consumes, for rules without their own rejected_hits (every rule over xDS). usage: a call stating its hits (hits_addend) is a usage charge, recorded even when refused; nothing: a refused call consumes nothing (default usage)", func(v string) error {
+		rh, err := config.ParseRejectedHits(v)
+		s.rejectedHits = rh
+		return err
+	})
+	fs.DurationVar(&s.usageTimeout, "usage-timeout", service.DefaultUsageTimeout, "how long a budget check (a call stating 0 hits) counts as in flight while its usage charge has not come; whole seconds, at least 1s")
 	fs.StringVar(&s.redisMode, "redis-mode", "", "single, sentinel or cluster (default: sentinel when --redis-url has master_name, else single)")
 	fs.StringVar(&s.redisTLSCA, "redis-tls-ca", "", "PEM file of the CA that signs Redis's certificate (with a rediss:// URL)")
 	fs.StringVar(&s.redisTLSCert, "redis-tls-cert", "", "PEM client certificate for Redis (with --redis-tls-key)")
@@ -261,6 +269,8 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, fmt.Errorf("--xds-backoff-initial (%v) must be positive and at most --xds-backoff-max (%v)", s.xds.backoffInitial, s.xds.backoffMax)
 	case s.xds.maxMessage < 1024:
 		return nil, fmt.Errorf("--xds-max-message-size must be at least 1024, got %d", s.xds.maxMessage)
+	case s.usageTimeout < time.Second || s.usageTimeout > 24*time.Hour || s.usageTimeout%time.Second != 0:
+		return nil, fmt.Errorf("--usage-timeout must be whole seconds from 1s to 24h, got %v", s.usageTimeout)
 	case s.leaseInterval < time.Millisecond || s.leaseInterval > time.Minute:
 		return nil, fmt.Errorf("--lease-interval must be from 1ms to 1m, got %v", s.leaseInterval)
 	case s.redisTimeout <= 0:

@@ -1,6 +1,9 @@
 package limit
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // Algorithm is how a counter decides.
 type Algorithm uint8
@@ -47,6 +50,17 @@ type Check struct {
 	// from the counter (see internal/lease); a store without leases
 	// decides it as any other.
 	Lease bool
+	// Usage marks a usage charge (rejected_hits: usage, hits stated by
+	// the caller): its hits are recorded even when they cross the limit
+	// or the request is refused, so usage that arrives after the fact is
+	// never lost. With zero Hits it is a budget check instead: over when
+	// nothing is left, and on a fixed window also when the checks
+	// admitted and not yet charged (in flight) would, at the counter's
+	// usage per check, spend what is left.
+	Usage bool
+	// FlightS is how long, in whole seconds, an admitted budget check
+	// counts as in flight while its charge has not come.
+	FlightS int64
 }
 
 // MaxHits is where a check's hits saturate. Limits, bursts and so every
@@ -102,6 +116,66 @@ type State struct {
 	Prev uint64
 	// TAT is TokenBucket's theoretical arrival time (µs).
 	TAT int64
+	// Avg is a fixed window's usage per admitted budget check, in
+	// 1/AvgScale hits: the mean of the charges that followed one, the
+	// last AvgCharges of them weighing most (a mean of all while fewer
+	// came, then a moving average of weight 1/AvgCharges). It serves the
+	// next window too.
+	Avg uint64
+	// Charges counts the charges in Avg, up to AvgCharges.
+	Charges uint64
+	// Flights are a fixed window's budget checks admitted and not yet
+	// charged, oldest first, in buckets by expiry.
+	Flights []Flight
+}
+
+// Flight is a bucket of in-flight budget checks: N of them, counted until
+// Exp (Unix seconds).
+type Flight struct {
+	Exp int64
+	N   uint64
+}
+
+// InFlight returns the number of in-flight budget checks of st.
+func (st *State) InFlight() uint64 {
+	var n uint64
+	for _, f := range st.Flights {
+		n += f.N
+	}
+	return n
+}
+
+// AvgScale is State.Avg's fixed point: a usage per check of a few hits
+// still moves by charges of one hit.
+const AvgScale = 1024
+
+// AvgCharges is how many of the latest charges State.Avg follows. The
+// estimate of what n checks in flight will charge errs by about n times
+// the charges' spread over √(2·AvgCharges): 256 keeps that near 1 % of a
+// budget that 256 streams share, and follows a change of usage within a
+// few hundred streams.
+const AvgCharges = 256
+
+// MaxCount is where a charged count saturates: usage charges add to a
+// count past its limit, and it must stay exact in the script's doubles.
+// Every limit is far below it, so saturation changes no decision.
+const MaxCount = 1 << 52
+
+// maxDebtUS bounds how far usage charges push a token bucket's arrival
+// time past now (about 35 years): beyond, the bucket is empty for good.
+const maxDebtUS = 1 << 50
+
+// flightBuckets is how many expiry buckets the in-flight checks of one
+// counter are kept in, at most (plus one): the expiry is rounded up to
+// FlightS/flightBuckets, so the stored state stays small.
+const flightBuckets = 16
+
+// FlightExp returns the expiry bucket (Unix seconds) of a budget check
+// admitted at nowUS.
+func FlightExp(nowUS, flightS int64) int64 {
+	g := max((flightS+flightBuckets-1)/flightBuckets, 1)
+	e := nowUS/1_000_000 + flightS
+	return (e + g - 1) / g * g
 }
 
 // WindowEnd returns the end of the fixed window holding nowUS.
@@ -137,7 +211,9 @@ func Decide(checks []Check, states []State, found []bool, nowUS int64, results [
 	}
 	for i := range checks {
 		c := &checks[i]
-		consume := admitted && !results[i].Over && !c.Refund
+		// A usage charge is recorded whatever the decision; a budget
+		// check admitted goes in flight.
+		consume := (admitted && !results[i].Over || c.Usage && c.Hits > 0) && !c.Refund
 		apply(c, &states[i], nowUS, consume)
 		results[i].Remaining, results[i].ResetUS, expire[i] = report(c, &states[i], nowUS)
 	}
@@ -162,14 +238,47 @@ func normalize(c *Check, st State, now int64) State {
 	default:
 		end := WindowEnd(now, c.WindowUS)
 		if st.End != end {
-			st = State{End: end}
+			// The usage per check serves the window after its own, no
+			// later: the state decides that, not a key's TTL.
+			avg, k := st.Avg, st.Charges
+			if st.End != end-c.WindowUS {
+				avg, k = 0, 0
+			}
+			st = State{End: end, Avg: avg, Charges: k, Flights: st.Flights}
+		}
+		// Expired flights go; the slice may be shared with a stored
+		// state, so it is never written in place.
+		k := 0
+		for k < len(st.Flights) && st.Flights[k].Exp*1_000_000 <= now {
+			k++
+		}
+		if k > 0 {
+			st.Flights = st.Flights[k:]
+		}
+		if len(st.Flights) == 0 {
+			st.Flights = nil
 		}
 	}
 	return st
 }
 
-// over reports whether hits more would exceed the limit.
+// over reports whether hits more would exceed the limit; for a budget
+// check (Usage, no hits), whether nothing is left for it.
 func over(c *Check, st *State, now int64, hits uint64) bool {
+	if c.Usage && hits == 0 {
+		switch c.Algorithm {
+		case SlidingWindow:
+			return estimate(c, st, now) >= c.Limit
+		case TokenBucket:
+			return c.Limit == 0 || capacity(c, interval(c))-(st.TAT-now) < interval(c)
+		default:
+			// Every check in flight and this one, each at the usage per
+			// check seen so far, must fit in what is left. In floats:
+			// past 2^53 it is over by far anyway.
+			return st.Count >= c.Limit ||
+				float64(st.Count)+float64(st.InFlight()+1)*float64(st.Avg)/AvgScale > float64(c.Limit)
+		}
+	}
 	switch c.Algorithm {
 	case SlidingWindow:
 		return estimate(c, st, now)+hits > c.Limit
@@ -202,15 +311,59 @@ func apply(c *Check, st *State, now int64, consume bool) {
 				st.TAT -= int64(hits) * t
 			}
 		case consume:
-			st.TAT += int64(hits) * t
+			// A usage charge past the bucket is debt, bounded.
+			if hits > uint64((now+maxDebtUS-st.TAT)/t) {
+				st.TAT = max(st.TAT, now+maxDebtUS)
+			} else {
+				st.TAT += int64(hits) * t
+			}
 		}
 	default:
 		switch {
 		case c.Refund:
 			st.Count -= min(st.Count, hits)
 		case consume:
-			st.Count += hits
+			st.Count = min(st.Count+hits, MaxCount)
 		}
+		if c.Usage && consume && c.Algorithm == FixedWindow {
+			fly(c, st, now, hits)
+		}
+	}
+}
+
+// fly keeps a fixed window's in-flight budget checks: an admitted check
+// (no hits) joins them; a charge ends the oldest and moves the usage per
+// check toward its hits.
+func fly(c *Check, st *State, now int64, hits uint64) {
+	if hits == 0 {
+		exp := FlightExp(now, c.FlightS)
+		n := len(st.Flights)
+		fl := make([]Flight, n, n+1)
+		copy(fl, st.Flights)
+		if n > 0 && fl[n-1].Exp >= exp {
+			fl[n-1].N++
+		} else {
+			fl = append(fl, Flight{Exp: exp, N: 1})
+		}
+		st.Flights = fl
+		return
+	}
+	if len(st.Flights) == 0 {
+		return
+	}
+	if st.Flights[0].N > 1 {
+		fl := slices.Clone(st.Flights)
+		fl[0].N--
+		st.Flights = fl
+	} else if st.Flights = st.Flights[1:]; len(st.Flights) == 0 {
+		st.Flights = nil
+	}
+	st.Charges = min(st.Charges+1, AvgCharges)
+	h := hits * AvgScale
+	if h >= st.Avg {
+		st.Avg += (h - st.Avg) / st.Charges
+	} else {
+		st.Avg -= (st.Avg - h) / st.Charges
 	}
 }
 
@@ -247,8 +400,15 @@ func report(c *Check, st *State, now int64) (remaining uint64, resetUS, expireAt
 		if st.Count < c.Limit {
 			remaining = c.Limit - st.Count
 		}
-		if st.Count > 0 {
+		if st.Count > 0 || len(st.Flights) > 0 {
 			expireAt = st.End + GraceUS
+		}
+		if n := len(st.Flights); n > 0 {
+			expireAt = max(expireAt, st.Flights[n-1].Exp*1_000_000+GraceUS)
+		}
+		if st.Charges > 0 {
+			// The usage per check serves the next window's first checks.
+			expireAt = max(expireAt, st.End+c.WindowUS+GraceUS)
 		}
 		return remaining, st.End - now, expireAt
 	}

@@ -25,7 +25,9 @@ type Group struct {
 // back on reject admitted 0 to 3 of 10 under 200 concurrent requests:
 // each request's transient consumption in one group rejected others
 // there.) A give-back can land in the next window when the request
-// straddles a boundary; it is never below zero.
+// straddles a boundary; it is never below zero. Usage charges are the
+// exception: recorded whatever the decision, they are never given back,
+// and a later group's are charged, not read.
 func EvaluateInOrder(ctx context.Context, checks []Check, groups []Group) ([]Result, error) {
 	results := make([]Result, len(checks))
 	for g, grp := range groups {
@@ -66,8 +68,8 @@ func undo(ctx context.Context, checks []Check, done []Group, results []Result, r
 		c := call{eval: grp.Eval}
 		for _, i := range grp.Idx {
 			ch := checks[i]
-			if ch.Refund || ch.Hits == 0 || results[i].Over {
-				continue // consumed nothing
+			if ch.Refund || ch.Hits == 0 || results[i].Over || ch.Usage {
+				continue // consumed nothing, or a usage charge: kept
 			}
 			ch.Refund = true
 			c.idx, c.checks = append(c.idx, i), append(c.checks, ch)
@@ -78,8 +80,8 @@ func undo(ctx context.Context, checks []Check, done []Group, results []Result, r
 	}
 	for _, grp := range rest {
 		c := call{idx: grp.Idx, eval: grp.Eval, checks: Subset(checks, grp.Idx, func(ch *Check) {
-			if !ch.Refund {
-				ch.Hits = 0
+			if !ch.Refund && !ch.charge() {
+				ch.Hits, ch.Usage = 0, false
 			}
 		})}
 		calls = append(calls, c)
@@ -94,7 +96,9 @@ func undo(ctx context.Context, checks []Check, done []Group, results []Result, r
 				return
 			}
 			for j, i := range c.idx {
-				if checks[i].Refund || c.checks[j].Refund {
+				if checks[i].charge() {
+					results[i] = res[j]
+				} else if checks[i].Refund || c.checks[j].Refund {
 					results[i].Remaining, results[i].ResetUS = res[j].Remaining, res[j].ResetUS
 				} else {
 					// A read: over when this request's hits would not fit.
@@ -112,3 +116,6 @@ func undo(ctx context.Context, checks []Check, done []Group, results []Result, r
 	}
 	return nil
 }
+
+// charge reports a usage charge: hits recorded whatever the decision.
+func (c *Check) charge() bool { return c.Usage && c.Hits > 0 && !c.Refund }

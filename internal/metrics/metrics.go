@@ -18,6 +18,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	Decisions         *prometheus.CounterVec
+	Hits              *prometheus.CounterVec
 	Requests          *prometheus.CounterVec
 	UnknownDomain     prometheus.Counter
 	InvalidRequests   prometheus.Counter
@@ -61,6 +62,10 @@ func New(version string) *Metrics {
 			Name: "ratelimitd_decisions_total",
 			Help: "Descriptor decisions by domain, rule (its name, else its path) and outcome.",
 		}, []string{"domain", "rule", "outcome"}),
+		Hits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_hits_total",
+			Help: "Hits (hits_addend: tokens, cost) of counted descriptors by domain, rule and result: charged (recorded on the counter), refused (not recorded: the call was refused) or lost (not recorded: the store could not decide, and the failure policy answered).",
+		}, []string{"domain", "rule", "result"}),
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_requests_total",
 			Help: "ShouldRateLimit requests decided, by overall code.",
@@ -190,7 +195,7 @@ func New(version string) *Metrics {
 		Help: "1, labelled with the version and the Go version.",
 	}, []string{"version", "goversion"})
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
-	reg.MustRegister(m.Decisions, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.ShadowRequests, m.RequestDuration,
+	reg.MustRegister(m.Decisions, m.Hits, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.ShadowRequests, m.RequestDuration,
 		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
 		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, m.XDSConnected,
 		m.LeaseDecisions, m.LeaseGrants, m.LeaseHits, m.LeaseRefills, m.StatsSinkErrors, m.SpansDropped,
@@ -206,6 +211,14 @@ var latencyBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, 
 func (m *Metrics) Decision(domain, rule, outcome string) {
 	if m != nil {
 		m.Decisions.WithLabelValues(domain, rule, outcome).Inc()
+	}
+}
+
+// Hit counts the hits of one counted descriptor by what became of them:
+// charged, refused or lost.
+func (m *Metrics) Hit(domain, rule, result string, hits uint64) {
+	if m != nil && hits > 0 {
+		m.Hits.WithLabelValues(domain, rule, result).Add(float64(hits))
 	}
 }
 

@@ -18,7 +18,7 @@ func (failing) Evaluate(context.Context, []limit.Check) ([]limit.Result, error) 
 
 func used(t *testing.T, st Evaluator, c limit.Check) uint64 {
 	t.Helper()
-	c.Hits, c.Refund = 0, false
+	c.Hits, c.Refund, c.Usage = 0, false, false
 	r, err := st.Evaluate(context.Background(), []limit.Check{c})
 	if err != nil {
 		t.Fatal(err)
@@ -94,5 +94,32 @@ func TestGrantRoutes(t *testing.T) {
 	}
 	if _, err := (&Store{Main: failing{}, PerSecond: fast}).Grant(context.Background(), ops); err == nil {
 		t.Error("a store that cannot grant did not fail the grant")
+	}
+}
+
+// TestUsageAcrossStores: usage charges are recorded in both stores
+// whichever rejects: never given back, and charged (not read) in the
+// store after the one that rejected.
+func TestUsageAcrossStores(t *testing.T) {
+	main, fast := memstore.New(memstore.Options{}), memstore.New(memstore.Options{})
+	s := &Store{Main: main, PerSecond: fast}
+	ctx := context.Background()
+	budget := limit.Check{Key: "b", Limit: 1000, WindowUS: 3600e6, Hits: 300, Usage: true, FlightS: 60}
+	spent := limit.Check{Key: "x", Limit: 10, WindowUS: Window, Hits: 50, Usage: true, FlightS: 60}
+	r, err := s.Evaluate(ctx, []limit.Check{budget, spent})
+	if err != nil || r[0].Over || !r[1].Over {
+		t.Fatalf("charge crossing the per-second budget: %+v, %v", r, err)
+	}
+	if n := used(t, main, budget); n != 300 {
+		t.Errorf("main budget %d after the per-second store rejected, want 300 kept", n)
+	}
+	// Rejected by the main store: the per-second charge is still made.
+	over := limit.Check{Key: "o", Limit: 100, WindowUS: 3600e6, Hits: 500, Usage: true, FlightS: 60}
+	fresh := limit.Check{Key: "y", Limit: 1000, WindowUS: Window, Hits: 7, Usage: true, FlightS: 60}
+	if r, err := s.Evaluate(ctx, []limit.Check{over, fresh}); err != nil || !r[0].Over || r[1].Over || r[1].Remaining != 993 {
+		t.Fatalf("rejected by the main store: %+v, %v", r, err)
+	}
+	if n := used(t, fast, fresh); n != 7 {
+		t.Errorf("per-second charge %d after the main store rejected, want 7", n)
 	}
 }

@@ -200,6 +200,7 @@ func TestMatchesMemstore(t *testing.T) {
 	ctx := context.Background()
 	const requests = 6000
 	counts := map[limit.Algorithm]int{}
+	usage := 0
 	for i := range requests {
 		switch r := rng.IntN(20); {
 		case r == 0:
@@ -227,11 +228,22 @@ func TestMatchesMemstore(t *testing.T) {
 				// summed over up to 64 descriptors of one counter.
 				hits = []uint64{math.MaxUint32, limit.MaxHits, 9 * math.MaxUint32, 64 * math.MaxUint32, 1 << 33}[rng.IntN(5)]
 			}
-			checks = append(checks, limit.Check{
+			c := limit.Check{
 				Key: key, Limit: ru.limit, WindowUS: ru.windowUS, Hits: hits,
 				Refund: rng.IntN(15) == 0, NoVeto: rng.IntN(10) == 0,
 				Algorithm: ru.algo, Burst: ru.burst,
-			})
+			}
+			if !c.Refund && rng.IntN(3) == 0 {
+				// Usage: charges recorded past the limit, budget checks
+				// (no hits) admitted against the flights, which expire
+				// within the gaps above.
+				c.Usage, c.FlightS = true, 1+rng.Int64N(20)
+				if rng.IntN(2) == 0 {
+					c.Hits = 0
+				}
+				usage++
+			}
+			checks = append(checks, c)
 			counts[ru.algo]++
 		}
 		got, err := rs.Evaluate(ctx, checks)
@@ -245,8 +257,8 @@ func TestMatchesMemstore(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d requests identical: %d fixed-window, %d sliding-window, %d token-bucket checks",
-		requests, counts[limit.FixedWindow], counts[limit.SlidingWindow], counts[limit.TokenBucket])
+	t.Logf("%d requests identical: %d fixed-window, %d sliding-window, %d token-bucket checks (%d of them usage)",
+		requests, counts[limit.FixedWindow], counts[limit.SlidingWindow], counts[limit.TokenBucket], usage)
 }
 
 func TestConcurrentExactlyTheLimit(t *testing.T) {

@@ -53,7 +53,7 @@ func (s *Store) runOn(ctx context.Context, c redis.Scripter, reqs [][]limit.Chec
 // scriptArgs lays requests out as the script's keys and arguments: the
 // requests' distinct rules go once each, and every key refers to its rule
 // in one number with its hits and flags (see scripts/decide.lua), which
-// leaves room for 2^18 rules per call; the dispatcher keeps a batch far
+// leaves room for 2^17 rules per call; the dispatcher keeps a batch far
 // below that (maxBatchKeys), and a single request beyond it is refused.
 func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	nkeys := 0
@@ -70,7 +70,10 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	for _, r := range reqs {
 		for _, c := range r {
 			keys = append(keys, c.Key)
-			ru := rule{c.Limit, c.WindowUS, c.Algorithm, c.Burst}
+			ru := rule{c.Limit, c.WindowUS, c.Algorithm, c.Burst, 0}
+			if c.Usage {
+				ru.flightS = c.FlightS
+			}
 			q := -1
 			if index == nil {
 				q = slices.Index(rules, ru)
@@ -99,7 +102,10 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 			if c.NoVeto {
 				flags |= 2
 			}
-			perKey = append(perKey, c.SaturatedHits()<<20|uint64((q+1)*4+flags))
+			if c.Usage {
+				flags |= 4
+			}
+			perKey = append(perKey, c.SaturatedHits()<<20|uint64((q+1)*8+flags))
 		}
 	}
 	args := make([]any, 0, 3+len(reqs)+4*len(rules)+len(perKey))
@@ -109,7 +115,7 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	}
 	args = append(args, len(rules))
 	for _, ru := range rules {
-		args = append(args, ru.limit, ru.windowUS, uint8(ru.algorithm), ru.burst)
+		args = append(args, ru.limit, ru.windowUS, int64(ru.algorithm)+4*ru.flightS, ru.burst)
 	}
 	return keys, append(args, perKey...), nil
 }
@@ -117,7 +123,7 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 // maxRules bounds the distinct rules of one script call (see scriptArgs);
 // beyond scanRules, scriptArgs finds them through a map.
 const (
-	maxRules  = 1<<18 - 1
+	maxRules  = 1<<17 - 1
 	scanRules = 8
 )
 
@@ -145,6 +151,7 @@ type rule struct {
 	windowUS  int64
 	algorithm limit.Algorithm
 	burst     uint64
+	flightS   int64 // usage checks only: how long a budget check is in flight
 }
 
 // scriptError is a Redis error reply that ended one request inside a

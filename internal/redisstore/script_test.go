@@ -26,6 +26,9 @@ func TestScriptArgsGolden(t *testing.T) {
 			{Key: "c", Limit: 5, WindowUS: 60e6, Hits: 2, Refund: true},
 			{Key: "d", Limit: 7, WindowUS: 3600e6, Hits: 0, Algorithm: limit.TokenBucket, Burst: 20},
 			{Key: "e", Limit: 5, WindowUS: 60e6, Hits: 1 << 40}, // saturates at limit.MaxHits
+			// A budget check: the usage flag, and the seconds in flight
+			// packed with the algorithm.
+			{Key: "f", Limit: 1000, WindowUS: 3600e6, Hits: 0, Usage: true, FlightS: 300},
 		},
 	}
 	keys, args, err := (&Store{}).scriptArgs(reqs)

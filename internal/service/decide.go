@@ -117,12 +117,21 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 		if c < 0 {
 			c = len(checks)
 			checks = append(checks, limit.Check{Key: key, Limit: uint64(it.rpu), WindowUS: it.windowUS, NoVeto: noVeto,
-				Algorithm: it.algo, Burst: it.burst, Lease: it.lease})
+				Algorithm: it.algo, Burst: it.burst, Lease: it.lease, Usage: it.usage})
+			if it.usage {
+				checks[len(checks)-1].FlightS = int64(s.opts.UsageTimeout / time.Second)
+			}
 			consume, refund = append(consume, 0), append(refund, 0)
 		} else {
 			checks[c].Limit = min(checks[c].Limit, uint64(it.rpu))
 			checks[c].NoVeto = checks[c].NoVeto && noVeto
 			checks[c].Lease = checks[c].Lease && it.lease
+			if it.usage && !checks[c].Usage {
+				// Usage on a counter is never dropped with a request's
+				// other hits on it.
+				checks[c].Usage, checks[c].Lease = true, false
+				checks[c].FlightS = int64(s.opts.UsageTimeout / time.Second)
+			}
 		}
 		if it.refund {
 			refund[c] += it.hits
@@ -160,8 +169,11 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 	if s.cache != nil {
 		for c := range checks {
 			ch := &checks[c]
-			if ch.Refund || ch.Hits == 0 || ch.NoVeto {
-				continue // only a consuming, vetoing check may be short-circuited
+			if ch.Refund || ch.NoVeto || (ch.Hits == 0) != ch.Usage {
+				// Only a consuming, vetoing request or a budget check may
+				// be short-circuited: a usage charge always reaches the
+				// store, where it is recorded.
+				continue
 			}
 			if until, ok := s.cache.Blocked(ch.Key, ch.Limit, now); ok {
 				states[c].cached, states[c].until = true, until
@@ -181,8 +193,11 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 				continue
 			}
 			ch := checks[c]
-			if !ch.Refund {
-				ch.Hits, states[c].read = 0, true
+			switch {
+			case ch.Usage && ch.Hits > 0:
+				// Still charged: usage is recorded when refused.
+			case !ch.Refund:
+				ch.Hits, ch.Usage, states[c].read = 0, false, true
 			}
 			send = append(send, ch)
 			idx = append(idx, c)
@@ -271,6 +286,7 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 	lims := make([]rlsv3.RateLimitResponse_RateLimit, len(items))
 	durs := make([]durationpb.Duration, len(items))
 	overLimit, quotaTotal, quotaOver := false, 0, 0
+	stored := storeAdmitted(checks, states)
 	var reasons []any
 	if s.opts.DecisionMetadata {
 		reasons = make([]any, len(items))
@@ -314,6 +330,9 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 		}
 		cs := &states[it.check]
 		over, outcome := false, OutcomeOK
+		if !it.refund {
+			s.m.Hit(domain, it.label, hitsResult(&checks[it.check], cs, stored), it.hits)
+		}
 		var stats *compatstats.Counters
 		if compat != nil && !it.refund {
 			stats = compat.For(domain, it.rule, descs[i].GetEntries())
@@ -336,7 +355,7 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 				// The counter's use before these hits: they were
 				// consumed only when the request was not refused.
 				before := cs.res.Used(uint64(it.rpu))
-				if !over && !cs.read {
+				if (!over || ch.Usage) && !cs.read {
 					before -= min(before, it.hits)
 				}
 				stats.Decided(it.hits, uint64(it.rpu), before, over)
@@ -395,6 +414,32 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 		}
 	}
 	return resp
+}
+
+// storeAdmitted reports whether the store admitted the request, so that
+// every check consumed its hits: none was over (but for shadow and quota
+// checks), answered by the cache or left undecided.
+func storeAdmitted(checks []limit.Check, states []checkState) bool {
+	for c := range states {
+		if states[c].cached || states[c].failed || states[c].res.Over && !checks[c].NoVeto {
+			return false
+		}
+	}
+	return true
+}
+
+// hitsResult says what became of a check's hits: charged on its counter,
+// refused, or lost to a store that could not decide.
+func hitsResult(ch *limit.Check, cs *checkState, stored bool) string {
+	switch {
+	case cs.failed:
+		return HitsLost
+	case cs.cached || cs.read:
+		return HitsRefused
+	case ch.Usage || stored && !cs.res.Over:
+		return HitsCharged
+	}
+	return HitsRefused
 }
 
 // failureAnswer decides an item the store could not: its rule's

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -27,7 +28,9 @@ import (
 func TestHugeHitsStayExact(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st service.Store) {
 		m := metrics.New("test")
-		s := service.New(rules(t), st, nil, service.Options{Metrics: m})
+		// All or nothing (--rejected-hits nothing): under usage, huge
+		// stated hits are charged, and TestUsageCharges covers that.
+		s := service.New(rules(t), st, nil, service.Options{Metrics: m, RejectedHits: config.RejectedNothing})
 		for range 3 {
 			call(t, s, request(desc("user", "x")))
 		}

@@ -33,3 +33,16 @@ const (
 	// (dynamic_metadata only).
 	ReasonReplaced = "replaced"
 )
+
+// The result label of ratelimitd_hits_total: what became of a counted
+// descriptor's hits.
+const (
+	// HitsCharged: recorded on the counter.
+	HitsCharged = "charged"
+	// HitsRefused: not recorded, because the call was refused (all or
+	// nothing: rejected_hits nothing, or hits the call did not state).
+	HitsRefused = "refused"
+	// HitsLost: not recorded, because the store could not decide; the
+	// failure policy answered the call.
+	HitsLost = "lost"
+)

@@ -25,6 +25,7 @@ type item struct {
 	mult     uint32
 	hits     uint64
 	refund   bool
+	usage    bool // a usage charge (hits stated, rejected_hits: usage): recorded even when refused
 	shadow   bool
 	quota    bool
 	check    int // index into the request's checks when kind == counted
@@ -89,6 +90,7 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 // included, as envoyproxy/ratelimit does).
 func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []item) {
 	defaultHits := uint64(req.GetHitsAddend())
+	stated := defaultHits > 0
 	if defaultHits == 0 {
 		defaultHits = 1
 	}
@@ -96,8 +98,12 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 	for i, d := range req.GetDescriptors() {
 		it := &items[i]
 		*it = item{hits: defaultHits, refund: d.GetIsNegativeHits()}
+		// A call that states its hits may be reporting usage after the
+		// fact (Envoy's apply_on_stream_done); one that does not is a
+		// request, refused all or nothing.
+		it.usage = stated && !it.refund
 		if h := d.GetHitsAddend(); h != nil {
-			it.hits = h.GetValue()
+			it.hits, it.usage = h.GetValue(), !it.refund
 		}
 		if dom == nil {
 			continue
@@ -109,6 +115,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 			it.kind, it.override, it.label = counted, true, "override"
 			it.rpu, it.unit = ov.GetRequestsPerUnit(), config.Unit(ov.GetUnit())
 			it.windowUS = int64(it.unit.Duration() / 1000)
+			it.usage = it.usage && s.opts.RejectedHits == config.RejectedUsage
 			continue
 		}
 		r := dom.Match(d.GetEntries())
@@ -138,6 +145,14 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 		it.rpu, it.unit = l.RequestsPerUnit, l.Unit
 		it.windowUS = l.Window().Microseconds()
 		it.algo, it.burst, it.mult, it.lease = limit.Algorithm(l.Algorithm), uint64(l.Burst), l.UnitMultiplier, l.Lease
+		rejected := l.RejectedHits
+		if rejected == config.RejectedUnset {
+			rejected = s.opts.RejectedHits
+		}
+		it.usage = it.usage && rejected == config.RejectedUsage
+		// A lease spends hits taken before they are used; a usage charge
+		// is decided in the store, where it is recorded.
+		it.lease = it.lease && !it.usage
 	}
 	if replaced == nil {
 		return

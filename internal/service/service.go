@@ -49,6 +49,8 @@ const (
 	// DefaultDeadlineMargin leaves time to answer before a caller's
 	// deadline (Envoy's filter timeout is 20ms by default).
 	DefaultDeadlineMargin = 2 * time.Millisecond
+	// DefaultUsageTimeout outlasts an LLM response streamed for minutes.
+	DefaultUsageTimeout = 5 * time.Minute
 )
 
 // Options configures a [Service]. The zero value is usable.
@@ -95,6 +97,15 @@ type Options struct {
 	// detailed_metric rule adds to metric labels. Zero means
 	// DefaultDetailedMetricCap.
 	DetailedMetricCap int
+	// RejectedHits is what a refused call consumes under a rule that sets
+	// no rejected_hits (every rule that arrives over xDS). Zero means
+	// config.RejectedUsage: a call that states its hits is a usage charge,
+	// recorded even when refused.
+	RejectedHits config.RejectedHits
+	// UsageTimeout is how long a budget check (a call stating 0 hits)
+	// counts as in flight while its usage charge has not come. Zero means
+	// DefaultUsageTimeout.
+	UsageTimeout time.Duration
 	// Metrics receives decision counters. Nil records nothing.
 	Metrics *metrics.Metrics
 	// Compat counts every decision under envoyproxy/ratelimit's stat
@@ -147,6 +158,12 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	}
 	if opts.DeadlineMargin <= 0 {
 		opts.DeadlineMargin = DefaultDeadlineMargin
+	}
+	if opts.RejectedHits == config.RejectedUnset {
+		opts.RejectedHits = config.RejectedUsage
+	}
+	if opts.UsageTimeout <= 0 {
+		opts.UsageTimeout = DefaultUsageTimeout
 	}
 	opts.HeaderNames = opts.HeaderNames.withDefaults()
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {

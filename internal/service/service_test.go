@@ -220,9 +220,12 @@ func TestUnlimitedAndReplaces(t *testing.T) {
 	})
 }
 
+// TestHitsAddend holds hits_addend's arithmetic under rejected_hits
+// nothing (all or nothing for stated hits too); TestUsageCharges holds
+// the default, usage.
 func TestHitsAddend(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st service.Store) {
-		s := service.New(rules(t), st, nil, service.Options{})
+		s := service.New(rules(t), st, nil, service.Options{RejectedHits: config.RejectedNothing})
 		// Request-level 0 means 1.
 		req := request(desc("user", "h"))
 		if r := call(t, s, req); r.GetStatuses()[0].GetLimitRemaining() != 2 {

@@ -11,15 +11,20 @@
 --          each, in KEYS order
 -- then Q, the number of distinct rules, and per rule 4 values:
 --          limit, window_us, algorithm (0 fixed window, 1 sliding window,
---          2 token bucket), burst
+--          2 token bucket) + 4 * the seconds a budget check stays in
+--          flight, burst
 -- then per key i, in order, 1 value:
---          hits * 2^20 + rule * 4 + flags (rule 1-based, below 2^18;
---          flags 1 = refund, 2 = no veto: shadow); exact in a double,
+--          hits * 2^20 + rule * 8 + flags (rule 1-based, below 2^17;
+--          flags 1 = refund, 2 = no veto: shadow, 4 = usage: charged
+--          even when over or refused; with no hits, a budget check); exact in a double,
 --          since hits <= 2^32 (redisstore saturates them at
 --          limit.MaxHits, over any limit; one argument fewer per key to
 --          parse and convert). Counts and limits stay below 2^32, so every
 --          sum below is exact too.
--- Values: fixed "<window_end_us>:<count>", sliding "<window_end_us>:<count>:<prev>",
+-- Values: fixed "<window_end_us>:<count>", or with a budget's state
+-- "<window_end_us>:<count>|<usage per check x 1024>/<charges>|<exp_s>:<n>|..."
+-- (limit.State's Avg and Charges; the checks in flight, oldest first, by
+-- expiry in Unix seconds), sliding "<window_end_us>:<count>:<prev>",
 -- token bucket "<tat_us>". A value that does not parse (a leaked or foreign
 -- key, or a key of another type, which MGET reads as absent) counts as
 -- absent and is rewritten or deleted here, so no key this script touches
@@ -50,9 +55,12 @@ local GRACE = 1000000
 -- The packed per-key argument (see the header and redisstore's
 -- script.go): HITS_UNIT is 2^20, the place of the hits; below it the rule
 -- (1-based) times RULE_UNIT, plus the flags.
-local HITS_UNIT, RULE_UNIT = 1048576, 4
-local FLAG_REFUND, FLAG_NO_VETO = 1, 2
-local floor, format, match = math.floor, string.format, string.match
+local HITS_UNIT, RULE_UNIT = 1048576, 8
+local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE = 1, 2, 4
+-- MAXC mirrors limit.MaxCount (a charged count saturates there), MAXDEBT
+-- limit's maxDebtUS (how far charges push a bucket's arrival time).
+local MAXC, MAXDEBT = 8589934592, 1125899906842624
+local floor, format, match, find, gmatch = math.floor, string.format, string.match, string.find, string.gmatch
 -- Invariants the code below relies on:
 -- * Every window is a whole number of seconds (units are; multipliers are
 --   whole), so w / 1000000 below is an exact integer.
@@ -75,6 +83,11 @@ local function idiv(a, b)
 end
 -- PX argument for an absolute expiry in us.
 local function px(expire) return format('%d', math.ceil((expire - now) / 1000)) end
+-- Numbers concatenate as %.14g: exact only below 10^14.
+local function num(x)
+  if x < 1e14 then return x end
+  return format('%d', x)
+end
 
 local R = tonumber(ARGV[2])
 local Q = tonumber(ARGV[3 + R])
@@ -82,10 +95,15 @@ local Q = tonumber(ARGV[3 + R])
 -- and now: window end and its value prefix and patterns, the sliding
 -- window's weight of the previous window, the bucket's interval and
 -- capacity, the PX of a fixed or sliding window's key.
-local lim, win, alg, e, pre, pat, ppat, ppm, ival, cap, ttl = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+local lim, win, alg, e, pre, pat, ppat, ppm, ival, cap, ttl, fexp = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 for q = 1, Q do
   local b = 4 + R + (q - 1) * 4
   local l, w, a, burst = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  -- A budget check admitted now stays in flight until fexp (limit.FlightExp).
+  local fs = floor(a / 4)
+  a = a - fs * 4
+  local g = math.max(idiv(fs + 15, 16), 1)
+  fexp[q] = idiv(idiv(now, 1000000) + fs + g - 1, g) * g
   lim[q], win[q], alg[q] = l, w, a
   if a == 2 then
     if l > 0 then
@@ -119,7 +137,35 @@ if #KEYS <= 1000 then vals = redis.call('MGET', unpack(KEYS)) end
 
 local out = {}
 -- Scratch per key of the current request, reused across requests.
-local qs, hs, fs, raws, cs, ps, overs = {}, {}, {}, {}, {}, {}, {}
+local qs, hs, fs, raws, cs, ps, overs, avs, ks, fls = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+
+-- parsebudget reads a fixed window's value with a budget's state: the
+-- count (0 from another window), the usage per check and the flights
+-- still unexpired, or nil for a value that does not parse.
+local function parsebudget(raw, q)
+  local we, sc, sav, sk, rest = match(raw, '^(%d+):(%d+)|(%d+)/(%d+)(.*)$')
+  if not we then return 0, 0, 0, nil end
+  local c, av, k = 0, tonumber(sav), tonumber(sk)
+  -- The usage per check serves the window after its own, no later.
+  we = tonumber(we)
+  if we == e[q] then c = tonumber(sc) elseif we ~= e[q] - win[q] then av, k = 0, 0 end
+  local fl = nil
+  for ex, n in gmatch(rest, '|(%d+):(%d+)') do
+    ex = tonumber(ex)
+    if ex * 1000000 > now then
+      if not fl then fl = {} end
+      fl[#fl + 1] = ex
+      fl[#fl + 1] = tonumber(n)
+    end
+  end
+  return c, av, k, fl
+end
+
+local function inflight(fl)
+  local n = 0
+  if fl then for j = 2, #fl, 2 do n = n + fl[j] end end
+  return n
+end
 
 -- decide decides the n keys from KEYS[k0+1], appending to out.
 local function decide(k0, n)
@@ -130,7 +176,8 @@ local function decide(k0, n)
     local h = floor(v / HITS_UNIT)
     local rf = v - h * HITS_UNIT
     local q, f = floor(rf / RULE_UNIT), rf % RULE_UNIT
-    local refund, veto = f % 2 == FLAG_REFUND, f < FLAG_NO_VETO
+    local refund, veto = f % 2 == FLAG_REFUND, f % 4 < FLAG_NO_VETO
+    local budget = f >= FLAG_USAGE and h == 0
     local raw
     if vals then
       raw = written[KEYS[k]]
@@ -141,10 +188,21 @@ local function decide(k0, n)
       raw = redis.call('MGET', KEYS[k])[1]
     end
     if not raw then raw = nil end
-    local a, c, p, o = alg[q], 0, 0, false
+    local a, c, p, o, av, ak, fl = alg[q], 0, 0, false, 0, 0, nil
     if a == 0 then
-      if raw then c = tonumber(match(raw, pat[q]) or 0) end
-      o = not refund and c + h > lim[q]
+      if raw then
+        local sc = match(raw, pat[q])
+        if sc then
+          c = tonumber(sc)
+        elseif find(raw, '|', 1, true) then
+          c, av, ak, fl = parsebudget(raw, q)
+        end
+      end
+      if budget then
+        o = c >= lim[q] or c + (inflight(fl) + 1) * av / 1024 > lim[q]
+      else
+        o = not refund and c + h > lim[q]
+      end
     elseif a == 1 then
       if raw then
         local sc, sp = match(raw, pat[q])
@@ -154,14 +212,20 @@ local function decide(k0, n)
           p = tonumber(match(raw, ppat[q]) or 0)
         end
       end
-      o = not refund and c + idiv(p * ppm[q], 1000000) + h > lim[q]
+      if budget then
+        o = c + idiv(p * ppm[q], 1000000) >= lim[q]
+      else
+        o = not refund and c + idiv(p * ppm[q], 1000000) + h > lim[q]
+      end
     else
       c = now
       if raw and match(raw, '^%d+$') then
         local t = tonumber(raw)
         if t > now then c = t end
       end
-      if not refund then
+      if budget then
+        o = lim[q] == 0 or cap[q] - (c - now) < ival[q]
+      elseif not refund then
         if lim[q] == 0 then
           o = h > 0
         else
@@ -170,14 +234,15 @@ local function decide(k0, n)
         end
       end
     end
-    qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i] = q, h, f, raw, c, p, o
+    qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i], avs[i], ks[i], fls[i] = q, h, f, raw, c, p, o, av, ak, fl
     if o and veto then admitted = false end
   end
 
   for i = 1, n do
-    local k, q, h, f, raw, c, p, o = k0 + i, qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i]
-    local refund = f % 2 == FLAG_REFUND
-    local consume = admitted and not o and not refund
+    local k, q, h, f, raw, c, p, o, av, ak, fl = k0 + i, qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i], avs[i], ks[i], fls[i]
+    local refund, usage = f % 2 == FLAG_REFUND, f >= FLAG_USAGE
+    -- A usage charge is recorded whatever the decision.
+    local consume = (admitted and not o or usage and h > 0) and not refund
     local a, l = alg[q], lim[q]
     local remaining, reset, val, ex = 0, 0, nil, nil
     if a == 2 then
@@ -188,7 +253,11 @@ local function decide(k0, n)
         if refund then
           if h >= idiv(c - now + t - 1, t) then c = now else c = c - h * t end
         elseif consume then
-          c = c + h * t
+          if h > idiv(now + MAXDEBT - c, t) then
+            c = math.max(c, now + MAXDEBT)
+          else
+            c = c + h * t
+          end
         end
         local room = cp - (c - now)
         if room > 0 then remaining = idiv(room, t) end
@@ -204,18 +273,57 @@ local function decide(k0, n)
         c = c - h
         if c < 0 then c = 0 end
       elseif consume then
-        c = c + h
+        c = math.min(c + h, MAXC)
       end
       reset = e[q] - now
+      ex = ttl[q]
       if a == 1 then
         local est = c + idiv(p * ppm[q], 1000000)
         if est < l then remaining = l - est end
-        if c > 0 or p > 0 then val = pre[q] .. c .. ':' .. p end
+        if c > 0 or p > 0 then val = pre[q] .. num(c) .. ':' .. num(p) end
       else
         if c < l then remaining = l - c end
-        if c > 0 then val = pre[q] .. c end
+        if usage and consume then
+          -- limit's fly: a budget check admitted goes in flight; a
+          -- charge ends the oldest and moves the usage per check.
+          if h == 0 then
+            if not fl then fl = {} end
+            local m = #fl
+            if m > 0 and fl[m - 1] >= fexp[q] then
+              fl[m] = fl[m] + 1
+            else
+              fl[m + 1], fl[m + 2] = fexp[q], 1
+            end
+          elseif fl then
+            if fl[2] > 1 then
+              fl[2] = fl[2] - 1
+            else
+              table.remove(fl, 1)
+              table.remove(fl, 1)
+              if #fl == 0 then fl = nil end
+            end
+            -- limit.State's Avg: the mean of the last 256 charges, x 1024.
+            ak = math.min(ak + 1, 256)
+            local hh = h * 1024
+            if hh >= av then av = av + idiv(hh - av, ak) else av = av - idiv(av - hh, ak) end
+          end
+        end
+        if ak > 0 or fl then
+          local parts = {pre[q], num(c), '|', num(av), '/', ak}
+          local xe = 0
+          if c > 0 or fl then xe = e[q] + GRACE end
+          if fl then
+            for j = 1, #fl, 2 do
+              parts[#parts + 1] = format('|%d:%d', fl[j], fl[j + 1])
+            end
+            xe = math.max(xe, fl[#fl - 1] * 1000000 + GRACE)
+          end
+          if ak > 0 then xe = math.max(xe, e[q] + win[q] + GRACE) end
+          val, ex = table.concat(parts), px(xe)
+        elseif c > 0 then
+          val = pre[q] .. num(c)
+        end
       end
-      ex = ttl[q]
     end
     if not val then
       if raw then

@@ -72,7 +72,8 @@ for i = 1, #KEYS do
     -- Times are formatted with %d: Lua turns large numbers into text
     -- with 14 significant digits.
     local pre = format('%d:', we)
-    local c, p = 0, 0
+    local c, p, suffix = 0, 0, ''
+
     if raw then
       if a == 1 then
         local sc, sp = match(raw, '^' .. pre .. '(%d+):(%d+)$')
@@ -82,7 +83,14 @@ for i = 1, #KEYS do
           p = tonumber(match(raw, format('^%d:(%%d+):%%d+$', we - w)) or 0)
         end
       else
-        c = tonumber(match(raw, '^' .. pre .. '(%d+)$') or 0)
+        -- A budget's state (decide.lua's "|<usage per check>|<flights>")
+        -- follows the count and is kept, from another window too.
+        local sc, rest = match(raw, '^' .. pre .. '(%d+)(.*)$')
+        if sc and (rest == '' or string.sub(rest, 1, 1) == '|') then
+          c, suffix = tonumber(sc), rest
+        else
+          suffix = match(raw, '^%d+:%d+(|.*)$') or ''
+        end
       end
     end
     local est = c
@@ -98,6 +106,9 @@ for i = 1, #KEYS do
     reset, wend = we - now, we
     if a == 1 then
       if c > 0 or p > 0 then val, ex = pre .. c .. ':' .. p, px(we + w + GRACE) end
+    elseif suffix ~= '' then
+      -- The key's TTL covers the budget's state; it must cover the count too.
+      val, ex = pre .. c .. suffix, format('%d', math.max(redis.call('PTTL', KEYS[i]), math.ceil((we + GRACE - now) / 1000)))
     elseif c > 0 then
       val, ex = pre .. c, px(we + GRACE)
     end

@@ -1,0 +1,159 @@
+package service_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+// budgetRules are Envoy AI Gateway's shape: per-user and per-tenant token
+// budgets (checked with hits 0, charged at stream end), a request limit,
+// and one budget that opts out.
+const budgetRules = `
+domain: ai
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 1000000}
+  - key: rps
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: strict
+    rate_limit: {unit: hour, requests_per_unit: 1000, rejected_hits: nothing}
+`
+
+func budgetSnapshot(t *testing.T) *config.Snapshot {
+	t.Helper()
+	snap, err := config.Parse("budget.yaml", []byte(budgetRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// tokens is a descriptor stating its hits, as Envoy sends a route's
+// hits_addend.
+func tokens(n uint64, kv ...string) *rlcommon.RateLimitDescriptor {
+	d := desc(kv...)
+	d.HitsAddend = wrapperspb.UInt64(n)
+	return d
+}
+
+func aiRequest(ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: ds}
+}
+
+// TestUsageCharges is the token budget's sequence (issue: a charge that
+// crosses the budget is recorded, and every later check is OVER_LIMIT),
+// with the local over-limit cache off and on, on both stores.
+func TestUsageCharges(t *testing.T) {
+	for _, cached := range []bool{false, true} {
+		name := "cache off"
+		if cached {
+			name = "cache on"
+		}
+		t.Run(name, func(t *testing.T) {
+			forEachStore(t, func(t *testing.T, st service.Store) {
+				var cache service.Cache
+				if cached {
+					cache = overlimitcache.New(1 << 20)
+				}
+				m := metrics.New("test")
+				s := service.New(budgetSnapshot(t), st, cache, service.Options{Metrics: m})
+				step := func(what string, n uint64, want string, remaining uint32) {
+					t.Helper()
+					r := call(t, s, aiRequest(tokens(n, "user", "u1")))
+					if codes(r) != want || (want == "OK OK" && r.GetStatuses()[0].GetLimitRemaining() != remaining) {
+						t.Fatalf("%s: %v, want %s with %d left", what, r, want, remaining)
+					}
+				}
+				step("check", 0, "OK OK", 1000)
+				step("charge 900", 900, "OK OK", 100)
+				step("charge 500", 500, "OVER_LIMIT OVER_LIMIT", 0)
+				for i := range 3 {
+					step("check after the crossing charge", 0, "OVER_LIMIT OVER_LIMIT", 0)
+					step("charge", uint64(100+i), "OVER_LIMIT OVER_LIMIT", 0)
+				}
+				if got := testutil.ToFloat64(m.Hits.WithLabelValues("ai", "ai.user", service.HitsCharged)); got != 900+500+100+101+102 {
+					t.Errorf("charged hits %v, want every charge (1703)", got)
+				}
+
+				// Five budgets in one stream-end call: one spent budget
+				// does not void the other charges.
+				call(t, s, aiRequest(tokens(0, "tenant", "t1")))
+				r := call(t, s, aiRequest(tokens(500, "user", "u1"), tokens(500, "tenant", "t1")))
+				if codes(r) != "OVER_LIMIT OVER_LIMIT OK" {
+					t.Fatalf("charge on a spent and a fresh budget: %v", codes(r))
+				}
+				if r := call(t, s, aiRequest(tokens(0, "tenant", "t1"))); r.GetStatuses()[0].GetLimitRemaining() != 999_500 {
+					t.Fatalf("tenant after the charge: %v, want 999500 left", r)
+				}
+
+				// A request stating no hits, refused, consumes nothing;
+				// nor does a stated charge under rejected_hits: nothing.
+				r = call(t, s, aiRequest(desc("rps", "r1"), tokens(0, "user", "u1")))
+				if codes(r) != "OVER_LIMIT OK OVER_LIMIT" {
+					t.Fatalf("request beside a spent budget: %v", codes(r))
+				}
+				if r := call(t, s, aiRequest(desc("rps", "r1"))); r.GetStatuses()[0].GetLimitRemaining() != 99 {
+					t.Fatalf("rps after a refused request: %v, want 99 left", r)
+				}
+				call(t, s, aiRequest(tokens(900, "strict", "s1")))
+				if r := call(t, s, aiRequest(tokens(500, "strict", "s1"))); codes(r) != "OVER_LIMIT OVER_LIMIT" {
+					t.Fatalf("strict crossing: %v", codes(r))
+				}
+				if r := call(t, s, aiRequest(tokens(0, "strict", "s1"))); codes(r) != "OK OK" || r.GetStatuses()[0].GetLimitRemaining() != 100 {
+					t.Fatalf("strict after a refused charge: %v, want OK with 100 left (all or nothing)", r)
+				}
+				if got := testutil.ToFloat64(m.Hits.WithLabelValues("ai", "ai.strict", service.HitsRefused)); got != 500 {
+					t.Errorf("refused hits of strict: %v, want 500", got)
+				}
+			})
+		})
+	}
+}
+
+// TestRejectedHitsNothing: --rejected-hits nothing (the service's
+// default for rules that set none, as over xDS) keeps every refused call
+// from consuming.
+func TestRejectedHitsNothing(t *testing.T) {
+	forEachStore(t, func(t *testing.T, st service.Store) {
+		s := service.New(budgetSnapshot(t), st, nil, service.Options{RejectedHits: config.RejectedNothing})
+		call(t, s, aiRequest(tokens(900, "user", "u2")))
+		call(t, s, aiRequest(tokens(500, "user", "u2")))
+		if r := call(t, s, aiRequest(tokens(0, "user", "u2"))); codes(r) != "OK OK" || r.GetStatuses()[0].GetLimitRemaining() != 100 {
+			t.Fatalf("after a refused charge: %v, want OK with 100 left", r)
+		}
+	})
+}
+
+// failingStore cannot decide anything.
+type failingStore struct{}
+
+func (failingStore) Evaluate(context.Context, []limit.Check) ([]limit.Result, error) {
+	return nil, errors.New("store down")
+}
+
+// TestUsageLostCounted: a charge the store cannot record follows the
+// failure policy and is counted as lost, never silently dropped.
+func TestUsageLostCounted(t *testing.T) {
+	m := metrics.New("test")
+	s := service.New(budgetSnapshot(t), failingStore{}, nil, service.Options{Metrics: m})
+	if r := call(t, s, aiRequest(tokens(700, "user", "u3"))); codes(r) != "OK OK" {
+		t.Fatalf("fail open by default: %v", codes(r))
+	}
+	if got := testutil.ToFloat64(m.Hits.WithLabelValues("ai", "ai.user", service.HitsLost)); got != 700 {
+		t.Fatalf("lost hits %v, want 700", got)
+	}
+}
