@@ -19,6 +19,7 @@ var semanticOnly = map[string]string{
 	"duplicate_key_only.bad.yaml": "the same key-only descriptor twice at one level",
 	"multi_doc.bad.yaml":          "an empty key in the second YAML document, past the one document a schema sees",
 	"replaces_self.bad.yaml":      "a limit replacing its own name",
+	"rejected_hits_rlqs.bad.yaml": "a usage budget in a domain with rlqs: a rule's field against the domain's",
 }
 
 func compile(t *testing.T) *jsonschema.Schema {
@@ -89,7 +90,7 @@ func TestSchemaNamesEveryField(t *testing.T) {
 	readme, _ := os.ReadFile("../README.md")
 	for _, field := range []string{"domain", "descriptors", "key", "value", "rate_limit", "shadow_mode", "quota_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "metadata", "failure_mode", "unit",
-		"requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier"} {
+		"requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "lease", "rejected_hits", "rlqs"} {
 		if !strings.Contains(string(schema), `"`+field+`"`) {
 			t.Errorf("schema lacks %q", field)
 		}

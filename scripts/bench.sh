@@ -26,6 +26,15 @@ run "no-op server, closed loop, 64 callers" -addr "127.0.0.1:$NOOP" -pid $NPID
 run "A: 1 descriptor, 10000 keys, closed loop, 64 callers" -addr "127.0.0.1:$GRPC" -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
 run "B: 3 descriptors, closed loop, 64 callers" -addr "127.0.0.1:$GRPC" -descriptors 3 -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
 run "C: every key over limit, local cache on" -addr "127.0.0.1:$GRPC" -over -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
+# D: token budgets (deploy/bench/rules.yaml's budget, 1,000,000 an hour):
+# streams of 1,000-4,000 tokens over 20-200 ms, each a check (hits_addend
+# 0) then a charge of its tokens; what is let through over the budget,
+# and the refusals the budget would have covered.
+for n in 8 64 256; do
+	run "D: token budget, $n streams" -addr "127.0.0.1:$GRPC" -budget -streams "$n" -duration 8s
+done
+run "D: token budget, 64 streams, 4 of them 20x longer and larger" -addr "127.0.0.1:$GRPC" -budget -streams 64 -skewed 4 -duration 8s
+run "D: token budget, 1 stream, 100,000 budget" -addr "127.0.0.1:$GRPC" -budget -budget-key budget_100k -budget-limit 100000 -streams 1 -duration 8s
 # OPEN_RATE="2000 7000": for each rate, the no-op server and then A in
 # open loop at that rate.
 for rate in ${OPEN_RATE:-}; do
