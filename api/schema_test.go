@@ -20,6 +20,7 @@ var semanticOnly = map[string]string{
 	"multi_doc.bad.yaml":          "an empty key in the second YAML document, past the one document a schema sees",
 	"replaces_self.bad.yaml":      "a limit replacing its own name",
 	"rejected_hits_rlqs.bad.yaml": "a usage budget in a domain with rlqs: a rule's field against the domain's",
+	"calendar_rlqs.bad.yaml":      "a calendar period in a domain with rlqs: a rule's field against the domain's",
 }
 
 func compile(t *testing.T) *jsonschema.Schema {
@@ -90,7 +91,7 @@ func TestSchemaNamesEveryField(t *testing.T) {
 	readme, _ := os.ReadFile("../README.md")
 	for _, field := range []string{"domain", "descriptors", "key", "value", "rate_limit", "shadow_mode", "quota_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "metadata", "failure_mode", "unit",
-		"requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "lease", "rejected_hits", "rlqs"} {
+		"requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "lease", "rejected_hits", "rlqs", "calendar"} {
 		if !strings.Contains(string(schema), `"`+field+`"`) {
 			t.Errorf("schema lacks %q", field)
 		}

@@ -35,6 +35,18 @@ type RateLimit struct {
 	// RejectedHits says what a refused call consumes; RejectedUnset
 	// defers to the service's --rejected-hits.
 	RejectedHits RejectedHits
+	// Calendar makes a month or year window the UTC calendar month or
+	// year instead of 30 or 365 days from the epoch; CalendarSet says
+	// the file chose (else the service's --calendar-periods does).
+	Calendar, CalendarSet bool
+}
+
+// CalendarEligible reports whether the limit can be a calendar period: a
+// fixed window of one month or one year, not leased (grants count
+// windows of fixed length).
+func (l *RateLimit) CalendarEligible() bool {
+	return (l.Unit == UnitMonth || l.Unit == UnitYear) && l.UnitMultiplier <= 1 &&
+		l.Algorithm == AlgorithmFixedWindow && !l.Lease && !l.Unlimited
 }
 
 // RejectedHits says what a refused call consumes of a limit.

@@ -195,6 +195,10 @@ func (p *parser) domain(n *yaml.Node) *Domain {
 	d.root = p.descriptors(f["descriptors"], "descriptors", d, nil)
 	if d.RLQSKeys != nil {
 		for _, r := range d.rules {
+			if r.Limit != nil && r.Limit.Calendar {
+				// RLQS grants count windows of fixed length.
+				p.errorf(f["rlqs"], "rlqs", "rule %s sets calendar: true, and RLQS grants count windows of fixed length: drop calendar, or rlqs from this domain", r.Path)
+			}
 			if r.Limit != nil && r.Limit.RejectedHits == RejectedUsage {
 				// An RLQS bucket spends granted requests, one per call; a
 				// usage charge has no way in, so the budget would not hold.
@@ -380,7 +384,7 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 }
 
 func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
-	f := p.fields(n, path, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "lease", "rejected_hits")
+	f := p.fields(n, path, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "lease", "rejected_hits", "calendar")
 	if f == nil {
 		return nil
 	}
@@ -437,6 +441,12 @@ func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
 		p.errorf(n, path+".requests_per_unit", "missing requests_per_unit (write 0 to reject every request)")
 	}
 	p.algorithm(f, n, path, l)
+	if v, ok := f["calendar"]; ok {
+		l.Calendar, l.CalendarSet = p.boolean(v, path+".calendar"), true
+		if l.Calendar && !l.CalendarEligible() {
+			p.errorf(v, path+".calendar", "calendar needs unit month or year, no unit_multiplier, algorithm fixed_window and no lease")
+		}
+	}
 	if v, ok := f["replaces"]; ok {
 		if v.Kind != yaml.SequenceNode {
 			p.errorf(v, path+".replaces", "want a list of {name: ...}, got %s", kindName(v))

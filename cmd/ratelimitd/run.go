@@ -142,6 +142,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 		FailureMode:      s.failureMode,
 		RejectedHits:     s.rejectedHits,
 		UsageTimeout:     s.usageTimeout,
+		CalendarPeriods:  s.calendarPeriods,
 		DecisionMetadata: s.decisionMeta,
 		NearLimitRatio:   s.nearLimitRatio,
 		Metrics:          m,

@@ -55,6 +55,7 @@ type settings struct {
 	failureMode       config.FailureMode
 	rejectedHits      config.RejectedHits
 	usageTimeout      time.Duration
+	calendarPeriods   bool
 	redisMode         string
 	redisTLSCA        string
 	redisTLSCert      string
@@ -159,6 +160,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 		s.rejectedHits = rh
 		return err
 	})
+	fs.BoolVar(&s.calendarPeriods, "calendar-periods", false, "month and year windows of rules without their own calendar (every rule over xDS) are UTC calendar months and years, resetting at their start, instead of 30 and 365 days from the epoch (envoyproxy/ratelimit's count)")
 	fs.DurationVar(&s.usageTimeout, "usage-timeout", service.DefaultUsageTimeout, "how long a budget check (a call stating 0 hits) counts as in flight while its usage charge has not come; whole seconds, at least 1s")
 	fs.StringVar(&s.redisMode, "redis-mode", "", "single, sentinel or cluster (default: sentinel when --redis-url has master_name, else single)")
 	fs.StringVar(&s.redisTLSCA, "redis-tls-ca", "", "PEM file of the CA that signs Redis's certificate (with a rediss:// URL)")

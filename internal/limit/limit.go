@@ -3,6 +3,7 @@ package limit
 import (
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Algorithm is how a counter decides.
@@ -61,6 +62,45 @@ type Check struct {
 	// FlightS is how long, in whole seconds, an admitted budget check
 	// counts as in flight while its charge has not come.
 	FlightS int64
+	// Calendar makes a fixed window a calendar period: the UTC month or
+	// year holding now. WindowUS is then the longest such period
+	// (CalendarMonthUS or CalendarYearUS), for keys and TTLs.
+	Calendar Calendar
+}
+
+// Calendar is a fixed window's calendar period, if any.
+type Calendar uint8
+
+// The calendar periods. Their numbers travel to the Lua script; keep them.
+const (
+	NoCalendar    Calendar = 0
+	CalendarMonth Calendar = 1
+	CalendarYear  Calendar = 2
+)
+
+// The longest calendar periods, in µs: a calendar rule's WindowUS.
+const (
+	CalendarMonthUS = 31 * 24 * 3600 * 1_000_000
+	CalendarYearUS  = 366 * 24 * 3600 * 1_000_000
+)
+
+// Window returns the start and end (µs) of the fixed window holding
+// nowUS: aligned to multiples of WindowUS, or the calendar period.
+func (c *Check) Window(nowUS int64) (start, end int64) {
+	if c.Calendar == NoCalendar {
+		end = WindowEnd(nowUS, c.WindowUS)
+		return end - c.WindowUS, end
+	}
+	t := time.UnixMicro(nowUS).UTC()
+	var s, e time.Time
+	if c.Calendar == CalendarYear {
+		s = time.Date(t.Year(), 1, 1, 0, 0, 0, 0, time.UTC)
+		e = s.AddDate(1, 0, 0)
+	} else {
+		s = time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+		e = s.AddDate(0, 1, 0)
+	}
+	return s.UnixMicro(), e.UnixMicro()
 }
 
 // MaxHits is where a check's hits saturate. Limits, bursts and so every
@@ -236,12 +276,12 @@ func normalize(c *Check, st State, now int64) State {
 	case TokenBucket:
 		st.TAT = max(st.TAT, now)
 	default:
-		end := WindowEnd(now, c.WindowUS)
+		start, end := c.Window(now)
 		if st.End != end {
 			// The usage per check serves the window after its own, no
 			// later: the state decides that, not a key's TTL.
 			avg, k := st.Avg, st.Charges
-			if st.End != end-c.WindowUS {
+			if st.End != start {
 				avg, k = 0, 0
 			}
 			st = State{End: end, Avg: avg, Charges: k, Flights: st.Flights}

@@ -390,3 +390,44 @@ func TestManyRules(t *testing.T) {
 		}
 	}
 }
+
+// TestCalendarMatchesMemstore holds the script's calendar periods (its
+// own date arithmetic) to limit.Decide's (Go's time package) across
+// month and year ends, leap days and centuries: the same decisions, and
+// resets that end exactly at the period's end.
+func TestCalendarMatchesMemstore(t *testing.T) {
+	srv := redistest.Start(t)
+	var clock atomic.Int64
+	now := func() time.Time { return time.UnixMicro(clock.Load()) }
+	rs := newStore(t, srv, now)
+	ms := memstore.New(memstore.Options{Now: now})
+	ctx := context.Background()
+	for _, at := range []string{"2026-12-31T23:59:58Z", "2027-01-31T23:59:59Z", "2028-02-28T23:59:58Z", "2028-02-29T23:59:59Z",
+		"2029-02-28T23:59:59Z", "2100-02-28T23:59:59Z", "2000-02-29T23:59:59Z", "2027-04-30T23:59:59Z", "2026-12-04T10:00:00Z"} {
+		start, err := time.Parse(time.RFC3339, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clock.Store(start.UnixMicro())
+		for step := range 6 {
+			for _, c := range []limit.Check{
+				{Key: "m:" + at, Limit: 5, WindowUS: limit.CalendarMonthUS, Hits: 2, Calendar: limit.CalendarMonth},
+				{Key: "y:" + at, Limit: 3, WindowUS: limit.CalendarYearUS, Hits: 1, Calendar: limit.CalendarYear, Usage: true, FlightS: 60},
+			} {
+				got, err := rs.Evaluate(ctx, []limit.Check{c})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, _ := ms.Evaluate(ctx, []limit.Check{c})
+				if got[0] != want[0] {
+					t.Fatalf("%s step %d %s: redis %+v, memstore %+v", at, step, c.Key, got[0], want[0])
+				}
+				_, end := c.Window(clock.Load())
+				if got[0].ResetUS != end-clock.Load() {
+					t.Fatalf("%s step %d %s: reset %d µs, want the period's end %s", at, step, c.Key, got[0].ResetUS, time.UnixMicro(end).UTC())
+				}
+			}
+			clock.Add(700_000)
+		}
+	}
+}

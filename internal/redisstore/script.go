@@ -70,7 +70,7 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	for _, r := range reqs {
 		for _, c := range r {
 			keys = append(keys, c.Key)
-			ru := rule{c.Limit, c.WindowUS, c.Algorithm, c.Burst, 0}
+			ru := rule{c.Limit, c.WindowUS, c.Algorithm, c.Burst, 0, c.Calendar}
 			if c.Usage {
 				ru.flightS = c.FlightS
 			}
@@ -115,7 +115,7 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	}
 	args = append(args, len(rules))
 	for _, ru := range rules {
-		args = append(args, ru.limit, ru.windowUS, int64(ru.algorithm)+4*ru.flightS, ru.burst)
+		args = append(args, ru.limit, ru.windowUS, int64(ru.algorithm)+4*int64(ru.calendar)+16*ru.flightS, ru.burst)
 	}
 	return keys, append(args, perKey...), nil
 }
@@ -152,6 +152,7 @@ type rule struct {
 	algorithm limit.Algorithm
 	burst     uint64
 	flightS   int64 // usage checks only: how long a budget check is in flight
+	calendar  limit.Calendar
 }
 
 // scriptError is a Redis error reply that ended one request inside a

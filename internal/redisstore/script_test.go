@@ -29,6 +29,8 @@ func TestScriptArgsGolden(t *testing.T) {
 			// A budget check: the usage flag, and the seconds in flight
 			// packed with the algorithm.
 			{Key: "f", Limit: 1000, WindowUS: 3600e6, Hits: 0, Usage: true, FlightS: 300},
+			// A calendar month: packed with the algorithm too.
+			{Key: "g", Limit: 1e6, WindowUS: limit.CalendarMonthUS, Hits: 5, Calendar: limit.CalendarMonth},
 		},
 	}
 	keys, args, err := (&Store{}).scriptArgs(reqs)

@@ -117,7 +117,7 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 		if c < 0 {
 			c = len(checks)
 			checks = append(checks, limit.Check{Key: key, Limit: uint64(it.rpu), WindowUS: it.windowUS, NoVeto: noVeto,
-				Algorithm: it.algo, Burst: it.burst, Lease: it.lease, Usage: it.usage})
+				Algorithm: it.algo, Burst: it.burst, Lease: it.lease, Usage: it.usage, Calendar: it.calendar})
 			if it.usage {
 				checks[len(checks)-1].FlightS = int64(s.opts.UsageTimeout / time.Second)
 			}

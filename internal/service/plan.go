@@ -20,6 +20,7 @@ type item struct {
 	name     string
 	windowUS int64
 	algo     limit.Algorithm
+	calendar limit.Calendar
 	burst    uint64
 	lease    bool
 	mult     uint32
@@ -144,6 +145,12 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 		it.kind = counted
 		it.rpu, it.unit = l.RequestsPerUnit, l.Unit
 		it.windowUS = l.Window().Microseconds()
+		if cal := l.Calendar; cal || !l.CalendarSet && s.opts.CalendarPeriods && l.CalendarEligible() && dom.RLQSKeys == nil {
+			it.calendar, it.windowUS = limit.CalendarMonth, limit.CalendarMonthUS
+			if l.Unit == config.UnitYear {
+				it.calendar, it.windowUS = limit.CalendarYear, limit.CalendarYearUS
+			}
+		}
 		it.algo, it.burst, it.mult, it.lease = limit.Algorithm(l.Algorithm), uint64(l.Burst), l.UnitMultiplier, l.Lease
 		rejected := l.RejectedHits
 		if rejected == config.RejectedUnset {

@@ -106,6 +106,12 @@ type Options struct {
 	// counts as in flight while its usage charge has not come. Zero means
 	// DefaultUsageTimeout.
 	UsageTimeout time.Duration
+	// CalendarPeriods makes the month and year windows of rules that do
+	// not set calendar (every rule over xDS) UTC calendar months and
+	// years, where a rule can be one (config.RateLimit.CalendarEligible,
+	// outside domains served over RLQS). Off: 30 and 365 days from the
+	// epoch, as envoyproxy/ratelimit counts them.
+	CalendarPeriods bool
 	// Metrics receives decision counters. Nil records nothing.
 	Metrics *metrics.Metrics
 	// Compat counts every decision under envoyproxy/ratelimit's stat

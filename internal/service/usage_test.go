@@ -3,7 +3,9 @@ package service_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -155,5 +158,44 @@ func TestUsageLostCounted(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.Hits.WithLabelValues("ai", "ai.user", service.HitsLost)); got != 700 {
 		t.Fatalf("lost hits %v, want 700", got)
+	}
+}
+
+// TestCalendarPeriods: a calendar month resets at the start of the UTC
+// month, a plain month 30 days from the epoch does not; --calendar-periods
+// makes a rule without the field (as over xDS) a calendar month.
+func TestCalendarPeriods(t *testing.T) {
+	snap, err := config.Parse("cal.yaml", []byte(`
+domain: ai
+descriptors:
+  - key: billed
+    rate_limit: {unit: month, requests_per_unit: 2, calendar: true}
+  - key: epoch
+    rate_limit: {unit: month, requests_per_unit: 2}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, _ := time.Parse(time.RFC3339, "2027-03-31T23:59:59Z")
+	for _, periods := range []bool{false, true} {
+		var clock atomic.Int64
+		clock.Store(end.UnixMicro())
+		st := memstore.New(memstore.Options{Now: func() time.Time { return time.UnixMicro(clock.Load()) }})
+		s := service.New(snap, st, nil, service.Options{CalendarPeriods: periods})
+		for range 2 {
+			call(t, s, aiRequest(desc("billed", "b"), desc("epoch", "e")))
+		}
+		r := call(t, s, aiRequest(desc("billed", "b")))
+		if codes(r) != "OVER_LIMIT OVER_LIMIT" || r.GetStatuses()[0].GetDurationUntilReset().GetSeconds() != 1 {
+			t.Fatalf("calendar month spent a second before its end: %v", r)
+		}
+		clock.Add(2e6) // 2027-04-01T00:00:01Z, mid-way through a 30-day window
+		if r := call(t, s, aiRequest(desc("billed", "b"))); codes(r) != "OK OK" {
+			t.Fatalf("calendar month after the UTC month began: %v", codes(r))
+		}
+		r = call(t, s, aiRequest(desc("epoch", "e")))
+		if want := map[bool]string{false: "OVER_LIMIT OVER_LIMIT", true: "OK OK"}[periods]; codes(r) != want {
+			t.Fatalf("a month without calendar, --calendar-periods %v: %v, want %s", periods, codes(r), want)
+		}
 	}
 }

@@ -11,8 +11,9 @@
 --          each, in KEYS order
 -- then Q, the number of distinct rules, and per rule 4 values:
 --          limit, window_us, algorithm (0 fixed window, 1 sliding window,
---          2 token bucket) + 4 * the seconds a budget check stays in
---          flight, burst
+--          2 token bucket) + 4 * calendar (0 none, 1 the UTC month, 2 the
+--          UTC year: a fixed window's period) + 16 * the seconds a budget
+--          check stays in flight, burst
 -- then per key i, in order, 1 value:
 --          hits * 2^20 + rule * 8 + flags (rule 1-based, below 2^17;
 --          flags 1 = refund, 2 = no veto: shadow, 4 = usage: charged
@@ -83,6 +84,43 @@ local function idiv(a, b)
 end
 -- PX argument for an absolute expiry in us.
 local function px(expire) return format('%d', math.ceil((expire - now) / 1000)) end
+-- days_from_civil and civil_from_days convert a UTC date to days since
+-- the epoch and back (H. Hinnant's algorithms), for calendar periods; all
+-- small non-negative integers here.
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = idiv(y, 400)
+  local yoe = y - era * 400
+  local mp = (m + 9) % 12
+  local doy = idiv(153 * mp + 2, 5) + d - 1
+  return era * 146097 + yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy - 719468
+end
+local function civil_from_days(z)
+  z = z + 719468
+  local era = idiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+  local mp = idiv(5 * doy + 2, 153)
+  local m = mp + 3
+  if mp >= 10 then m = mp - 9 end
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+-- calendar returns the start and end (us) of the UTC month (1) or year
+-- (2) holding now: limit.Check.Window.
+local DAY = 86400000000
+local function calendar(cal)
+  local y, m = civil_from_days(idiv(now, DAY))
+  if cal == 2 then
+    return days_from_civil(y, 1, 1) * DAY, days_from_civil(y + 1, 1, 1) * DAY
+  end
+  local ny, nm = y, m + 1
+  if nm == 13 then ny, nm = y + 1, 1 end
+  return days_from_civil(y, m, 1) * DAY, days_from_civil(ny, nm, 1) * DAY
+end
+
 -- Numbers concatenate as %.14g: exact only below 10^14.
 local function num(x)
   if x < 1e14 then return x end
@@ -95,13 +133,15 @@ local Q = tonumber(ARGV[3 + R])
 -- and now: window end and its value prefix and patterns, the sliding
 -- window's weight of the previous window, the bucket's interval and
 -- capacity, the PX of a fixed or sliding window's key.
-local lim, win, alg, e, pre, pat, ppat, ppm, ival, cap, ttl, fexp = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+local lim, win, alg, e, ws, pre, pat, ppat, ppm, ival, cap, ttl, fexp = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 for q = 1, Q do
   local b = 4 + R + (q - 1) * 4
   local l, w, a, burst = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   -- A budget check admitted now stays in flight until fexp (limit.FlightExp).
-  local fs = floor(a / 4)
-  a = a - fs * 4
+  local fs = floor(a / 16)
+  a = a - fs * 16
+  local cal = floor(a / 4)
+  a = a - cal * 4
   local g = math.max(idiv(fs + 15, 16), 1)
   fexp[q] = idiv(idiv(now, 1000000) + fs + g - 1, g) * g
   lim[q], win[q], alg[q] = l, w, a
@@ -113,6 +153,8 @@ for q = 1, Q do
     end
   else
     local we = now - (now - idiv(now, w) * w) + w
+    ws[q] = we - w
+    if cal > 0 then ws[q], we = calendar(cal) end
     e[q] = we
     pre[q] = format('%d:', we)
     if a == 1 then
@@ -148,7 +190,7 @@ local function parsebudget(raw, q)
   local c, av, k = 0, tonumber(sav), tonumber(sk)
   -- The usage per check serves the window after its own, no later.
   we = tonumber(we)
-  if we == e[q] then c = tonumber(sc) elseif we ~= e[q] - win[q] then av, k = 0, 0 end
+  if we == e[q] then c = tonumber(sc) elseif we ~= ws[q] then av, k = 0, 0 end
   local fl = nil
   for ex, n in gmatch(rest, '|(%d+):(%d+)') do
     ex = tonumber(ex)
