@@ -152,9 +152,13 @@ func changes(o, r *config.Rule) []string {
 		add("algorithm", ol.Algorithm, rl.Algorithm)
 		add("burst", ol.Burst, rl.Burst)
 		add("lease", ol.Lease, rl.Lease)
+		add("rejected_hits", ol.RejectedHits, rl.RejectedHits)
+		if ol.CalendarSet || rl.CalendarSet {
+			add("calendar", ol.Calendar, rl.Calendar)
+		}
 		add("name", ol.Name, rl.Name)
 		add("replaces", strings.Join(ol.Replaces, ","), strings.Join(rl.Replaces, ","))
-		if !ol.Unlimited && !rl.Unlimited && (ol.Window() != rl.Window() || ol.Algorithm != rl.Algorithm) {
+		if !ol.Unlimited && !rl.Unlimited && (ol.Window() != rl.Window() || ol.Algorithm != rl.Algorithm || ol.Calendar != rl.Calendar) {
 			out = append(out, "its counters start afresh (the window or algorithm is part of the counter key)")
 		}
 	}

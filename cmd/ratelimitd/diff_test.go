@@ -33,6 +33,8 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 5}
   - key: same
     rate_limit: {unit: second, requests_per_unit: 5}
+  - key: budget
+    rate_limit: {unit: month, requests_per_unit: 1000}
 `)
 	changed := write("new.yaml", `domain: web
 descriptors:
@@ -49,6 +51,8 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 5}
   - key: same
     rate_limit: {unit: second, requests_per_unit: 5}
+  - key: budget
+    rate_limit: {unit: month, requests_per_unit: 1000, rejected_hits: nothing, calendar: true}
 `)
 	var out syncBuffer
 	if err := run(context.Background(), []string{"diff", old, changed}, env(nil), &out); err != nil {
@@ -61,6 +65,7 @@ descriptors:
 		"+ web.new (" + changed + ":8): 5 per day, fixed_window",
 		"~ web.path_/a* (" + changed + ":10): share_threshold false -> true: its counters start afresh",
 		"- web.gone (was " + old + ":7): 1 per hour, fixed_window; removed",
+		"rejected_hits unset -> nothing; calendar false -> true; its counters start afresh",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("diff lacks %q:\n%s", want, out.String())

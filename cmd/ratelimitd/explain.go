@@ -38,6 +38,8 @@ type explainedRule struct {
 	Algorithm       string   `json:"algorithm,omitempty"`
 	Burst           uint32   `json:"burst,omitempty"`
 	Lease           bool     `json:"lease,omitempty"`
+	RejectedHits    string   `json:"rejected_hits,omitempty"`
+	Calendar        bool     `json:"calendar,omitempty"`
 	Name            string   `json:"name,omitempty"`
 	Replaces        []string `json:"replaces,omitempty"`
 	ShadowMode      bool     `json:"shadow_mode,omitempty"`
@@ -128,7 +130,10 @@ func describe(desc string, e service.Explanation) explained {
 			if l.Burst > 0 {
 				xr.Burst = l.Burst
 			}
-			xr.Lease = l.Lease
+			xr.Lease, xr.Calendar = l.Lease, l.Calendar
+			if l.RejectedHits != config.RejectedUnset {
+				xr.RejectedHits = l.RejectedHits.String()
+			}
 		}
 	}
 	x.Rule = xr
@@ -152,6 +157,12 @@ func describe(desc string, e service.Explanation) explained {
 		}
 		if xr.FailureMode != "" {
 			fmt.Fprintf(&b, ", failure_mode %s", xr.FailureMode)
+		}
+		if xr.RejectedHits != "" {
+			fmt.Fprintf(&b, ", rejected_hits %s", xr.RejectedHits)
+		}
+		if xr.Calendar {
+			b.WriteString(", by the UTC calendar " + xr.Unit)
 		}
 	}
 	x.Description = b.String()
