@@ -14,8 +14,9 @@ type RateLimit struct {
 	// Unit is the window unit; UnitUnknown when Unlimited.
 	Unit Unit
 	// RequestsPerUnit is the number of hits allowed per window. Zero
-	// rejects every hit.
-	RequestsPerUnit uint32
+	// rejects every hit. Rules files allow up to MaxRequestsPerUnit on a
+	// fixed window, 2^32-1 on the others; rules over xDS carry a uint32.
+	RequestsPerUnit uint64
 	// Unlimited rules answer OK without touching the store.
 	Unlimited bool
 	// Replaces lists the names of limits this one removes from a request.

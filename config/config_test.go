@@ -24,7 +24,8 @@ func TestBadConfigs(t *testing.T) {
 		{"missing_unit.bad.yaml", []string{":5: descriptors[0].rate_limit.unit: missing unit"}},
 		{"missing_limit.bad.yaml", []string{":5: descriptors[0].rate_limit.requests_per_unit: missing requests_per_unit"}},
 		{"negative_limit.bad.yaml", []string{":6: descriptors[0].rate_limit.requests_per_unit: -1 is out of range"}},
-		{"huge_limit.bad.yaml", []string{":6: descriptors[0].rate_limit.requests_per_unit: 5000000000 is out of range"}},
+		{"huge_limit.bad.yaml", []string{":6: descriptors[0].rate_limit.requests_per_unit: 2251799813685248 is out of range (0 to 2251799813685247)"}},
+		{"huge_sliding_limit.bad.yaml", []string{":4: descriptors[0].rate_limit.requests_per_unit: 5000000000 is more than 4294967295, the most a sliding_window counts (fixed_window counts up to 2251799813685247)"}},
 		{"float_limit.bad.yaml", []string{`:6: descriptors[0].rate_limit.requests_per_unit: want a whole number, got float "1.5"`}},
 		{"unlimited_with_unit.bad.yaml", []string{":6: descriptors[0].rate_limit.unit: unlimited: true must not have a unit"}},
 		{"misspelled_key.bad.yaml", []string{`:4: descriptors[0]: unknown field "ratelimit"`}},
@@ -103,7 +104,7 @@ func TestGoodConfig(t *testing.T) {
 		name     string
 		give     []string
 		wantPath string // "" = no match
-		wantRPU  uint32
+		wantRPU  uint64
 		wantUnit Unit
 	}{
 		{"exact", []string{"key1", "value1"}, "test-domain.key1_value1", 5, UnitMinute},
@@ -320,7 +321,7 @@ func TestGeneratorOutput(t *testing.T) {
 		domain string
 		ents   []string
 		unit   Unit
-		rpu    uint32
+		rpu    uint64
 		line   int
 	}{
 		{"first-listener", []string{"first-route", "", "rule-0-match-0", "rule-0-match-0"}, UnitMonth, 5, 11},

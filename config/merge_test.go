@@ -53,7 +53,7 @@ descriptors:
 	d := snap.Domain("web")
 	for _, tt := range []struct {
 		give []string
-		want uint32
+		want uint64
 	}{
 		{[]string{"ip", "1"}, 1},
 		{[]string{"path", "/abc"}, 2}, // a.yaml's wildcard loads first

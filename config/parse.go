@@ -436,11 +436,15 @@ func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
 	rpu, hasRPU := f["requests_per_unit"]
 	switch {
 	case hasRPU:
-		l.RequestsPerUnit = p.uint32(rpu, path+".requests_per_unit")
+		l.RequestsPerUnit = p.uint64(rpu, path+".requests_per_unit", MaxRequestsPerUnit)
 	case !l.Unlimited:
 		p.errorf(n, path+".requests_per_unit", "missing requests_per_unit (write 0 to reject every request)")
 	}
 	p.algorithm(f, n, path, l)
+	if hasRPU && l.Algorithm != AlgorithmFixedWindow && l.RequestsPerUnit > math.MaxUint32 {
+		p.errorf(rpu, path+".requests_per_unit", "%d is more than %d, the most a %s counts (fixed_window counts up to %d)",
+			l.RequestsPerUnit, uint32(math.MaxUint32), l.Algorithm, uint64(MaxRequestsPerUnit))
+	}
 	if v, ok := f["calendar"]; ok {
 		l.Calendar, l.CalendarSet = p.boolean(v, path+".calendar"), true
 		if l.Calendar && !l.CalendarEligible() {
@@ -519,6 +523,24 @@ func (p *parser) uint32(n *yaml.Node, path string) uint32 {
 		return 0
 	}
 	return uint32(v)
+}
+
+// MaxRequestsPerUnit is the largest limit of a fixed window: 2^51-1, the
+// most Redis's Lua numbers (doubles) count exactly with room for a charge
+// past it (limit.MaxLimit). It takes a token budget of 2.25 quadrillion.
+const MaxRequestsPerUnit = 1<<51 - 1
+
+func (p *parser) uint64(n *yaml.Node, path string, most uint64) uint64 {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
+		p.errorf(n, path, "want a whole number, got %s %q", kindName(n), Truncate(n.Value, 64))
+		return 0
+	}
+	v, err := strconv.ParseUint(n.Value, 0, 64)
+	if err != nil || v > most {
+		p.errorf(n, path, "%s is out of range (0 to %d)", Truncate(n.Value, 64), most)
+		return 0
+	}
+	return v
 }
 
 func kindName(n *yaml.Node) string {

@@ -33,7 +33,7 @@ type explainedRule struct {
 	Line            int      `json:"line"`
 	Unit            string   `json:"unit,omitempty"`
 	UnitMultiplier  uint32   `json:"unit_multiplier,omitempty"`
-	RequestsPerUnit uint32   `json:"requests_per_unit"`
+	RequestsPerUnit uint64   `json:"requests_per_unit"`
 	Unlimited       bool     `json:"unlimited,omitempty"`
 	Algorithm       string   `json:"algorithm,omitempty"`
 	Burst           uint32   `json:"burst,omitempty"`

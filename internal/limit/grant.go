@@ -89,7 +89,12 @@ func GiveBack(c *Check, st *State, found bool, nowUS, windowEnd int64, k uint64)
 			return 0
 		}
 		t := interval(c)
-		st.TAT = max(nowUS, st.TAT-int64(k)*t)
+		// k·t may pass int64: compare in intervals first.
+		if k >= uint64((st.TAT-nowUS+t-1)/t) {
+			st.TAT = nowUS
+		} else {
+			st.TAT -= int64(k) * t
+		}
 		return k
 	default:
 		if st.End != windowEnd {

@@ -103,12 +103,20 @@ func (c *Check) Window(nowUS int64) (start, end int64) {
 	return s.UnixMicro(), e.UnixMicro()
 }
 
-// MaxHits is where a check's hits saturate. Limits, bursts and so every
-// stored count are below 2^32, so MaxHits hits are over any limit and a
-// refund of MaxHits empties any counter: clamping changes no decision,
-// and it keeps every number a store handles exact (redisstore packs hits
-// into a double, which is exact only below 2^53).
-const MaxHits = 1 << 32
+// MaxLimit is the largest limit of a fixed window (a token budget of
+// 2.25 quadrillion): with a count of at most MaxCount and hits of at most
+// MaxHits, every sum the stores form stays below 2^53, exact in the Lua
+// script's doubles. Sliding windows and token buckets keep limits below
+// 2^32 (MaxSmallLimit): their arithmetic multiplies counts by times.
+const MaxLimit = 1<<51 - 1
+
+// MaxSmallLimit is the largest limit of a sliding window or token bucket.
+const MaxSmallLimit = 1<<32 - 1
+
+// MaxHits is where a check's hits saturate: over any limit, so clamping
+// changes no decision, and it keeps every number a store handles exact.
+// A refund of MaxHits empties any counter within its limit.
+const MaxHits = 1 << 51
 
 // SaturatedHits returns the hits a store decides c on: Hits, at most
 // [MaxHits].
@@ -196,10 +204,16 @@ const AvgScale = 1024
 // few hundred streams.
 const AvgCharges = 256
 
-// MaxCount is where a charged count saturates: usage charges add to a
-// count past its limit, and it must stay exact in the script's doubles.
-// Every limit is far below it, so saturation changes no decision.
+// MaxCount is where a fixed window's charged count saturates: usage
+// charges add to a count past its limit, and it must stay exact in the
+// script's doubles. Every limit is below it, so saturation changes no
+// decision.
 const MaxCount = 1 << 52
+
+// MaxSlidingCount is MaxCount for a sliding window, whose previous count
+// is multiplied by up to 10^6 (parts per million) and must stay below
+// 2^53; sliding limits are at most MaxSmallLimit.
+const MaxSlidingCount = 1 << 33
 
 // maxDebtUS bounds how far usage charges push a token bucket's arrival
 // time past now (about 35 years): beyond, the bucket is empty for good.
@@ -363,12 +377,19 @@ func apply(c *Check, st *State, now int64, consume bool) {
 		case c.Refund:
 			st.Count -= min(st.Count, hits)
 		case consume:
-			st.Count = min(st.Count+hits, MaxCount)
+			st.Count = min(st.Count+hits, maxCount(c.Algorithm))
 		}
 		if c.Usage && consume && c.Algorithm == FixedWindow {
 			fly(c, st, now, hits)
 		}
 	}
+}
+
+func maxCount(a Algorithm) uint64 {
+	if a == SlidingWindow {
+		return MaxSlidingCount
+	}
+	return MaxCount
 }
 
 // fly keeps a fixed window's in-flight budget checks: an admitted check

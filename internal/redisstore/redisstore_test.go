@@ -194,6 +194,7 @@ func TestMatchesMemstore(t *testing.T) {
 	}
 	rules := []rule{
 		{limit.FixedWindow, 1e6, 5, 0}, {limit.FixedWindow, 60e6, 11, 0}, {limit.FixedWindow, 300e6, 0, 0},
+		{limit.FixedWindow, 3600e6, 1 << 40, 0}, {limit.FixedWindow, 60e6, limit.MaxLimit, 0},
 		{limit.SlidingWindow, 1e6, 7, 0}, {limit.SlidingWindow, 10e6, 20, 0}, {limit.SlidingWindow, 3600e6, 3, 0},
 		{limit.TokenBucket, 1e6, 10, 0}, {limit.TokenBucket, 1e6, 3, 8}, {limit.TokenBucket, 60e6, 7, 2}, {limit.TokenBucket, 5e6, 0, 0},
 	}
@@ -224,9 +225,10 @@ func TestMatchesMemstore(t *testing.T) {
 			case 0, 1, 2, 3:
 				hits = uint64(rng.IntN(12))
 			case 4:
-				// What a request can carry: up to 2^32-1 per descriptor,
+				// What a request can carry: up to 2^51-1 per descriptor,
 				// summed over up to 64 descriptors of one counter.
-				hits = []uint64{math.MaxUint32, limit.MaxHits, 9 * math.MaxUint32, 64 * math.MaxUint32, 1 << 33}[rng.IntN(5)]
+				hits = []uint64{math.MaxUint32, limit.MaxHits, 9 * math.MaxUint32, 64 * math.MaxUint32, 1 << 33,
+					1 << 39, limit.MaxLimit, 64 * limit.MaxLimit, 1<<32 - 1, 1 << 32}[rng.IntN(10)]
 			}
 			c := limit.Check{
 				Key: key, Limit: ru.limit, WindowUS: ru.windowUS, Hits: hits,

@@ -53,7 +53,7 @@ func (s *Store) runOn(ctx context.Context, c redis.Scripter, reqs [][]limit.Chec
 // scriptArgs lays requests out as the script's keys and arguments: the
 // requests' distinct rules go once each, and every key refers to its rule
 // in one number with its hits and flags (see scripts/decide.lua), which
-// leaves room for 2^17 rules per call; the dispatcher keeps a batch far
+// leaves room for 2^16 rules per call; the dispatcher keeps a batch far
 // below that (maxBatchKeys), and a single request beyond it is refused.
 func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	nkeys := 0
@@ -67,6 +67,7 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	// scan would then be quadratic in the batch.
 	var index map[rule]int
 	perKey := make([]any, 0, nkeys)
+	var big []any
 	for _, r := range reqs {
 		for _, c := range r {
 			keys = append(keys, c.Key)
@@ -105,7 +106,15 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 			if c.Usage {
 				flags |= 4
 			}
-			perKey = append(perKey, c.SaturatedHits()<<20|uint64((q+1)*8+flags))
+			hits := c.SaturatedHits()
+			if hits >= bigHits {
+				// Packed, the hits would leave a double's exact range:
+				// they go after the keys' values, and the key holds
+				// their place.
+				big = append(big, hits)
+				hits, flags = uint64(len(big)), flags|8
+			}
+			perKey = append(perKey, hits<<20|uint64((q+1)*16+flags))
 		}
 	}
 	args := make([]any, 0, 3+len(reqs)+4*len(rules)+len(perKey))
@@ -117,13 +126,16 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	for _, ru := range rules {
 		args = append(args, ru.limit, ru.windowUS, int64(ru.algorithm)+4*int64(ru.calendar)+16*ru.flightS, ru.burst)
 	}
-	return keys, append(args, perKey...), nil
+	return keys, append(append(args, perKey...), big...), nil
 }
+
+// bigHits are hits too large to pack with a key's rule and flags.
+const bigHits = 1 << 32
 
 // maxRules bounds the distinct rules of one script call (see scriptArgs);
 // beyond scanRules, scriptArgs finds them through a map.
 const (
-	maxRules  = 1<<17 - 1
+	maxRules  = 1<<16 - 1
 	scanRules = 8
 )
 

@@ -31,6 +31,8 @@ func TestScriptArgsGolden(t *testing.T) {
 			{Key: "f", Limit: 1000, WindowUS: 3600e6, Hits: 0, Usage: true, FlightS: 300},
 			// A calendar month: packed with the algorithm too.
 			{Key: "g", Limit: 1e6, WindowUS: limit.CalendarMonthUS, Hits: 5, Calendar: limit.CalendarMonth},
+			// Hits past 2^32 go after the keys' values.
+			{Key: "h", Limit: limit.MaxLimit, WindowUS: 3600e6, Hits: 1 << 45, Usage: true, FlightS: 60},
 		},
 	}
 	keys, args, err := (&Store{}).scriptArgs(reqs)

@@ -83,7 +83,7 @@ func (s *Service) PlanBucket(domain string, ents []*rlcommon.RateLimitDescriptor
 		enc := encoders.Get().(*limit.Encoder)
 		key := s.counterKey(enc, domain, ents, it)
 		encoders.Put(enc)
-		p.Check = limit.Check{Key: key, Limit: uint64(it.rpu), WindowUS: it.windowUS, Algorithm: it.algo, Burst: it.burst}
+		p.Check = limit.Check{Key: key, Limit: it.rpu, WindowUS: it.windowUS, Algorithm: it.algo, Burst: it.burst}
 	}
 	return p, nil
 }

@@ -116,14 +116,14 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 		}
 		if c < 0 {
 			c = len(checks)
-			checks = append(checks, limit.Check{Key: key, Limit: uint64(it.rpu), WindowUS: it.windowUS, NoVeto: noVeto,
+			checks = append(checks, limit.Check{Key: key, Limit: it.rpu, WindowUS: it.windowUS, NoVeto: noVeto,
 				Algorithm: it.algo, Burst: it.burst, Lease: it.lease, Usage: it.usage, Calendar: it.calendar})
 			if it.usage {
 				checks[len(checks)-1].FlightS = int64(s.opts.UsageTimeout / time.Second)
 			}
 			consume, refund = append(consume, 0), append(refund, 0)
 		} else {
-			checks[c].Limit = min(checks[c].Limit, uint64(it.rpu))
+			checks[c].Limit = min(checks[c].Limit, it.rpu)
 			checks[c].NoVeto = checks[c].NoVeto && noVeto
 			checks[c].Lease = checks[c].Lease && it.lease
 			if it.usage && !checks[c].Usage {
@@ -142,7 +142,7 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 	}
 	states := make([]checkState, len(checks))
 	for c := range checks {
-		// The sums are exact (MaxDescriptors hits of at most 2^32-1 each);
+		// The sums are exact (MaxDescriptors hits of at most 2^51-1 each);
 		// the stores saturate them (limit.MaxHits), which decides the same.
 		if consume[c] >= refund[c] {
 			checks[c].Hits = consume[c] - refund[c]
@@ -323,7 +323,9 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 			continue
 		}
 		st.CurrentLimit = &lims[i]
-		st.CurrentLimit.Name, st.CurrentLimit.RequestsPerUnit = it.name, it.rpu
+		// The response's limit is a uint32: a larger budget shows as its
+		// most (headers and remaining counts carry the whole value).
+		st.CurrentLimit.Name, st.CurrentLimit.RequestsPerUnit = it.name, uint32(min(it.rpu, math.MaxUint32))
 		st.CurrentLimit.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(it.unit)
 		if it.mult > 1 {
 			st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(it.mult)
@@ -354,11 +356,11 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 				}
 				// The counter's use before these hits: they were
 				// consumed only when the request was not refused.
-				before := cs.res.Used(uint64(it.rpu))
+				before := cs.res.Used(it.rpu)
 				if (!over || ch.Usage) && !cs.read {
 					before -= min(before, it.hits)
 				}
-				stats.Decided(it.hits, uint64(it.rpu), before, over)
+				stats.Decided(it.hits, it.rpu, before, over)
 			}
 			if over {
 				outcome = OutcomeOverLimit

@@ -2,6 +2,7 @@ package service
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -74,6 +75,14 @@ const (
 // fewest remaining, the first on a tie. Descriptors answered by failure
 // policy are left out: nothing is known of them.
 func headers(style HeaderStyle, names HeaderNames, items []item, statuses []*rlsv3.RateLimitResponse_DescriptorStatus, states []checkState) []*corev3.HeaderValue {
+	// remaining is a status's limit_remaining, whole: the response's
+	// field is a uint32, a budget may hold more.
+	remaining := func(i int) uint64 {
+		if r := statuses[i].GetLimitRemaining(); r < math.MaxUint32 {
+			return uint64(r)
+		}
+		return states[items[i].check].res.Remaining
+	}
 	best := -1
 	for i, st := range statuses {
 		if st.GetCurrentLimit() == nil || states[items[i].check].failed {
@@ -83,7 +92,7 @@ func headers(style HeaderStyle, names HeaderNames, items []item, statuses []*rls
 			best = i
 			break
 		}
-		if best < 0 || st.GetLimitRemaining() < statuses[best].GetLimitRemaining() {
+		if best < 0 || remaining(i) < remaining(best) {
 			best = i
 		}
 	}
@@ -102,15 +111,15 @@ func headers(style HeaderStyle, names HeaderNames, items []item, statuses []*rls
 			if policy.Len() > 0 {
 				policy.WriteString(", ")
 			}
-			fmt.Fprintf(&policy, "%s;q=%d;w=%d", sfString(items[i].label), s.GetCurrentLimit().GetRequestsPerUnit(), items[i].windowUS/1e6)
+			fmt.Fprintf(&policy, "%s;q=%d;w=%d", sfString(items[i].label), items[i].rpu, items[i].windowUS/1e6)
 		}
 		out = append(out,
 			&corev3.HeaderValue{Key: HeaderPolicy, Value: policy.String()},
-			&corev3.HeaderValue{Key: HeaderRateLimit, Value: fmt.Sprintf("%s;r=%d;t=%d", sfString(items[best].label), st.GetLimitRemaining(), resetSeconds(st))})
+			&corev3.HeaderValue{Key: HeaderRateLimit, Value: fmt.Sprintf("%s;r=%d;t=%d", sfString(items[best].label), remaining(best), resetSeconds(st))})
 	} else {
 		out = append(out,
-			&corev3.HeaderValue{Key: names.Limit, Value: strconv.FormatUint(uint64(st.GetCurrentLimit().GetRequestsPerUnit()), 10)},
-			&corev3.HeaderValue{Key: names.Remaining, Value: strconv.FormatUint(uint64(st.GetLimitRemaining()), 10)},
+			&corev3.HeaderValue{Key: names.Limit, Value: strconv.FormatUint(items[best].rpu, 10)},
+			&corev3.HeaderValue{Key: names.Remaining, Value: strconv.FormatUint(remaining(best), 10)},
 			&corev3.HeaderValue{Key: names.Reset, Value: strconv.FormatInt(resetSeconds(st), 10)})
 	}
 	// Retry-After on a rejection: the longest wait among the descriptors

@@ -2,7 +2,6 @@ package service
 
 import (
 	"fmt"
-	"math"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -15,7 +14,7 @@ import (
 type item struct {
 	kind     itemKind
 	rule     *config.Rule // nil for a request override
-	rpu      uint32
+	rpu      uint64
 	unit     config.Unit
 	name     string
 	windowUS int64
@@ -76,8 +75,8 @@ func (s *Service) validate(req *rlsv3.RateLimitRequest) error {
 				return fmt.Errorf("%w: descriptors[%d].entries[%d].value is %d bytes, more than the %d allowed", ErrInvalidRequest, i, j, n, s.opts.MaxEntryBytes)
 			}
 		}
-		if h := d.GetHitsAddend(); h != nil && h.GetValue() > math.MaxUint32 {
-			return fmt.Errorf("%w: descriptors[%d].hits_addend %d is more than %d", ErrInvalidRequest, i, h.GetValue(), uint64(math.MaxUint32))
+		if h := d.GetHitsAddend(); h != nil && h.GetValue() > limit.MaxLimit {
+			return fmt.Errorf("%w: descriptors[%d].hits_addend %d is more than %d, the most a counter holds", ErrInvalidRequest, i, h.GetValue(), uint64(limit.MaxLimit))
 		}
 		if ov := d.GetLimit(); ov != nil && config.Unit(ov.GetUnit()).Duration() == 0 {
 			return fmt.Errorf("%w: descriptors[%d].limit.unit %v is not a unit", ErrInvalidRequest, i, ov.GetUnit())
@@ -114,7 +113,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 			// value is not part of the key, so overrides cannot grow the
 			// key space, and it is never shadowed, replaced or named.
 			it.kind, it.override, it.label = counted, true, "override"
-			it.rpu, it.unit = ov.GetRequestsPerUnit(), config.Unit(ov.GetUnit())
+			it.rpu, it.unit = uint64(ov.GetRequestsPerUnit()), config.Unit(ov.GetUnit())
 			it.windowUS = int64(it.unit.Duration() / 1000)
 			it.usage = it.usage && s.opts.RejectedHits == config.RejectedUsage
 			continue

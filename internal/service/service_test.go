@@ -606,7 +606,7 @@ func TestHeaders(t *testing.T) {
 func TestInvalidRequests(t *testing.T) {
 	s := service.New(rules(t), memstore.New(memstore.Options{}), nil, service.Options{MaxDescriptors: 2, MaxEntries: 2, MaxEntryBytes: 8})
 	big := request(desc("user", "x"))
-	big.Descriptors[0].HitsAddend = wrapperspb.UInt64(math.MaxUint32 + 1)
+	big.Descriptors[0].HitsAddend = wrapperspb.UInt64(limit.MaxLimit + 1)
 	badUnit := request(desc("user", "x"))
 	badUnit.Descriptors[0].Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1}
 	tests := []struct {
@@ -621,7 +621,7 @@ func TestInvalidRequests(t *testing.T) {
 		{"no entries", request(desc()), "descriptors[0] has no entries"},
 		{"long value", request(desc("a", "123456789")), "descriptors[0].entries[0].value is 9 bytes, more than the 8 allowed"},
 		{"long key", request(desc("a", "b"), desc("123456789", "b")), "descriptors[1].entries[0].key is 9 bytes"},
-		{"huge hits", big, "descriptors[0].hits_addend 4294967296 is more than 4294967295"},
+		{"huge hits", big, "descriptors[0].hits_addend 2251799813685248 is more than 2251799813685247, the most a counter holds"},
 		{"override without unit", badUnit, "descriptors[0].limit.unit UNKNOWN is not a unit"},
 	}
 	for _, tt := range tests {

@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"errors"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -198,4 +199,39 @@ descriptors:
 			t.Fatalf("a month without calendar, --calendar-periods %v: %v, want %s", periods, codes(r), want)
 		}
 	}
+}
+
+// TestBigBudget: a budget past 2^32 counts exactly; the response's
+// uint32 fields show their most, the headers the whole count.
+func TestBigBudget(t *testing.T) {
+	snap, err := config.Parse("big.yaml", []byte("domain: ai\ndescriptors:\n  - key: org\n    rate_limit: {unit: hour, requests_per_unit: 5000000000000}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	forEachStore(t, func(t *testing.T, st service.Store) {
+		s := service.New(snap, st, nil, service.Options{ResponseHeaders: service.HeadersLegacy})
+		header := func(r *rlsv3.RateLimitResponse, name string) string {
+			for _, h := range r.GetResponseHeadersToAdd() {
+				if h.GetKey() == name {
+					return h.GetValue()
+				}
+			}
+			return ""
+		}
+		r := call(t, s, aiRequest(tokens(0, "org", "o")))
+		if codes(r) != "OK OK" || r.GetStatuses()[0].GetLimitRemaining() != math.MaxUint32 ||
+			header(r, service.HeaderLimit) != "5000000000000" || header(r, service.HeaderRemaining) != "5000000000000" {
+			t.Fatalf("fresh: %v", r)
+		}
+		r = call(t, s, aiRequest(tokens(4_999_999_999_999, "org", "o")))
+		if codes(r) != "OK OK" || r.GetStatuses()[0].GetLimitRemaining() != 1 || header(r, service.HeaderRemaining) != "1" {
+			t.Fatalf("after charging all but one: %v", r)
+		}
+		if r := call(t, s, aiRequest(tokens(1<<40, "org", "o"))); codes(r) != "OVER_LIMIT OVER_LIMIT" {
+			t.Fatalf("charge past the budget: %v", codes(r))
+		}
+		if r := call(t, s, aiRequest(tokens(0, "org", "o"))); codes(r) != "OVER_LIMIT OVER_LIMIT" {
+			t.Fatalf("check after the budget: %v", codes(r))
+		}
+	})
 }

@@ -60,7 +60,7 @@ func next(t *testing.T, ch <-chan loaded) loaded {
 }
 
 // limitOf is the limit the rules give domain's key=value.
-func limitOf(t *testing.T, s *config.Snapshot, domain, key, value string) uint32 {
+func limitOf(t *testing.T, s *config.Snapshot, domain, key, value string) uint64 {
 	t.Helper()
 	d := s.Domain(domain)
 	if d == nil {

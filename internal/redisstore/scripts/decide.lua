@@ -15,13 +15,15 @@
 --          UTC year: a fixed window's period) + 16 * the seconds a budget
 --          check stays in flight, burst
 -- then per key i, in order, 1 value:
---          hits * 2^20 + rule * 8 + flags (rule 1-based, below 2^17;
+--          hits * 2^20 + rule * 16 + flags (rule 1-based, below 2^16;
 --          flags 1 = refund, 2 = no veto: shadow, 4 = usage: charged
---          even when over or refused; with no hits, a budget check); exact in a double,
---          since hits <= 2^32 (redisstore saturates them at
---          limit.MaxHits, over any limit; one argument fewer per key to
---          parse and convert). Counts and limits stay below 2^32, so every
---          sum below is exact too.
+--          even when over or refused; with no hits, a budget check;
+--          8 = big: the hits, 2^32 or more, are the value at that
+--          1-based place of the list after the keys' values); exact in
+--          a double, since packed hits are below 2^32 (one argument
+--          fewer per key to parse and convert)
+-- then the big hits, in order (redisstore saturates hits at
+--          limit.MaxHits, 2^51, over any limit).
 -- Values: fixed "<window_end_us>:<count>", or with a budget's state
 -- "<window_end_us>:<count>|<usage per check x 1024>/<charges>|<exp_s>:<n>|..."
 -- (limit.State's Avg and Charges; the checks in flight, oldest first, by
@@ -56,18 +58,21 @@ local GRACE = 1000000
 -- The packed per-key argument (see the header and redisstore's
 -- script.go): HITS_UNIT is 2^20, the place of the hits; below it the rule
 -- (1-based) times RULE_UNIT, plus the flags.
-local HITS_UNIT, RULE_UNIT = 1048576, 8
-local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE = 1, 2, 4
--- MAXC mirrors limit.MaxCount (a charged count saturates there), MAXDEBT
--- limit's maxDebtUS (how far charges push a bucket's arrival time).
-local MAXC, MAXDEBT = 8589934592, 1125899906842624
+local HITS_UNIT, RULE_UNIT = 1048576, 16
+local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE, FLAG_BIG = 1, 2, 4, 8
+-- MAXC and MAXSC mirror limit.MaxCount and MaxSlidingCount (a charged
+-- count saturates there), MAXDEBT limit's maxDebtUS (how far charges push
+-- a bucket's arrival time).
+local MAXC, MAXSC, MAXDEBT = 4503599627370496, 8589934592, 1125899906842624
 local floor, format, match, find, gmatch = math.floor, string.format, string.match, string.find, string.gmatch
 -- Invariants the code below relies on:
 -- * Every window is a whole number of seconds (units are; multipliers are
 --   whole), so w / 1000000 below is an exact integer.
 -- * Every number is an integer below 2^53, exact in a double: times in us
 --   (the rules bound windows to 100 years and a bucket's capacity to
---   2^52 us), counts and limits below 2^32, hits at most 2^32.
+--   2^52 us); limits below 2^51 (fixed windows) or 2^32 (the others),
+--   hits at most 2^51, counts at most 2^52 (fixed; MAXC) or 2^33
+--   (sliding, whose previous count is multiplied by up to 10^6: MAXSC).
 -- * A request writes nothing until all its keys are read and decided, and
 --   Redis refuses a script's writes (NOREPLICAS, OOM) on a condition that
 --   cannot change while the script runs (OOM is checked at its first write
@@ -218,6 +223,9 @@ local function decide(k0, n)
     local h = floor(v / HITS_UNIT)
     local rf = v - h * HITS_UNIT
     local q, f = floor(rf / RULE_UNIT), rf % RULE_UNIT
+    if f >= FLAG_BIG then
+      h, f = tonumber(ARGV[A0 + #KEYS + h - 1]), f - FLAG_BIG
+    end
     local refund, veto = f % 2 == FLAG_REFUND, f % 4 < FLAG_NO_VETO
     local budget = f >= FLAG_USAGE and h == 0
     local raw
@@ -315,7 +323,7 @@ local function decide(k0, n)
         c = c - h
         if c < 0 then c = 0 end
       elseif consume then
-        c = math.min(c + h, MAXC)
+        if a == 1 then c = math.min(c + h, MAXSC) else c = math.min(c + h, MAXC) end
       end
       reset = e[q] - now
       ex = ttl[q]
