@@ -147,8 +147,10 @@ for q = 1, Q do
   a = a - fs * 16
   local cal = floor(a / 4)
   a = a - cal * 4
-  local g = math.max(idiv(fs + 15, 16), 1)
-  fexp[q] = idiv(idiv(now, 1000000) + fs + g - 1, g) * g
+  if fs > 0 then
+    local g = math.max(idiv(fs + 15, 16), 1)
+    fexp[q] = idiv(idiv(now, 1000000) + fs + g - 1, g) * g
+  end
   lim[q], win[q], alg[q] = l, w, a
   if a == 2 then
     if l > 0 then
@@ -184,7 +186,9 @@ if #KEYS <= 1000 then vals = redis.call('MGET', unpack(KEYS)) end
 
 local out = {}
 -- Scratch per key of the current request, reused across requests.
-local qs, hs, fs, raws, cs, ps, overs, avs, ks, fls = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+-- bss[i] is false, or a fixed window's budget state {avg, charges,
+-- flights}: the common path carries one value for it.
+local qs, hs, fs, raws, cs, ps, overs, bss = {}, {}, {}, {}, {}, {}, {}, {}
 
 -- parsebudget reads a fixed window's value with a budget's state: the
 -- count (0 from another window), the usage per check and the flights
@@ -214,6 +218,53 @@ local function inflight(fl)
   return n
 end
 
+-- budgetval returns a fixed window's value and PX with a budget's state
+-- (bs, or none), after limit's fly when the check is usage that
+-- consumed: a budget check admitted goes in flight; a charge ends the
+-- oldest and moves the usage per check (the mean of the last 256
+-- charges, x 1024). nil when nothing is left to keep.
+local function budgetval(q, h, c, fly, bs)
+  local av, ak, fl = 0, 0, nil
+  if bs then av, ak, fl = bs[1], bs[2], bs[3] end
+  if fly then
+    if h == 0 then
+      if not fl then fl = {} end
+      local m = #fl
+      if m > 0 and fl[m - 1] >= fexp[q] then
+        fl[m] = fl[m] + 1
+      else
+        fl[m + 1], fl[m + 2] = fexp[q], 1
+      end
+    elseif fl then
+      if fl[2] > 1 then
+        fl[2] = fl[2] - 1
+      else
+        table.remove(fl, 1)
+        table.remove(fl, 1)
+        if #fl == 0 then fl = nil end
+      end
+      ak = math.min(ak + 1, 256)
+      local hh = h * 1024
+      if hh >= av then av = av + idiv(hh - av, ak) else av = av - idiv(av - hh, ak) end
+    end
+  end
+  if ak == 0 and not fl then
+    if c > 0 then return pre[q] .. num(c), ttl[q] end
+    return nil, nil
+  end
+  local parts = {pre[q], num(c), '|', num(av), '/', ak}
+  local xe = 0
+  if c > 0 or fl then xe = e[q] + GRACE end
+  if fl then
+    for j = 1, #fl, 2 do
+      parts[#parts + 1] = format('|%d:%d', fl[j], fl[j + 1])
+    end
+    xe = math.max(xe, fl[#fl - 1] * 1000000 + GRACE)
+  end
+  if ak > 0 then xe = math.max(xe, e[q] + win[q] + GRACE) end
+  return table.concat(parts), px(xe)
+end
+
 -- decide decides the n keys from KEYS[k0+1], appending to out.
 local function decide(k0, n)
   local admitted = true
@@ -238,18 +289,20 @@ local function decide(k0, n)
       raw = redis.call('MGET', KEYS[k])[1]
     end
     if not raw then raw = nil end
-    local a, c, p, o, av, ak, fl = alg[q], 0, 0, false, 0, 0, nil
+    local a, c, p, o, bs = alg[q], 0, 0, false, false
     if a == 0 then
       if raw then
         local sc = match(raw, pat[q])
         if sc then
           c = tonumber(sc)
         elseif find(raw, '|', 1, true) then
+          local av, ak, fl
           c, av, ak, fl = parsebudget(raw, q)
+          bs = {av, ak, fl}
         end
       end
       if budget then
-        o = c >= lim[q] or c + (inflight(fl) + 1) * av / 1024 > lim[q]
+        o = c >= lim[q] or bs and c + (inflight(bs[3]) + 1) * bs[1] / 1024 > lim[q]
       else
         o = not refund and c + h > lim[q]
       end
@@ -284,12 +337,12 @@ local function decide(k0, n)
         end
       end
     end
-    qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i], avs[i], ks[i], fls[i] = q, h, f, raw, c, p, o, av, ak, fl
+    qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i], bss[i] = q, h, f, raw, c, p, o, bs
     if o and veto then admitted = false end
   end
 
   for i = 1, n do
-    local k, q, h, f, raw, c, p, o, av, ak, fl = k0 + i, qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i], avs[i], ks[i], fls[i]
+    local k, q, h, f, raw, c, p, o = k0 + i, qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i]
     local refund, usage = f % 2 == FLAG_REFUND, f >= FLAG_USAGE
     -- A usage charge is recorded whatever the decision.
     local consume = (admitted and not o or usage and h > 0) and not refund
@@ -323,7 +376,10 @@ local function decide(k0, n)
         c = c - h
         if c < 0 then c = 0 end
       elseif consume then
-        if a == 1 then c = math.min(c + h, MAXSC) else c = math.min(c + h, MAXC) end
+        c = c + h
+        if c > MAXSC then
+          if a == 1 then c = MAXSC elseif c > MAXC then c = MAXC end
+        end
       end
       reset = e[q] - now
       ex = ttl[q]
@@ -333,45 +389,11 @@ local function decide(k0, n)
         if c > 0 or p > 0 then val = pre[q] .. num(c) .. ':' .. num(p) end
       else
         if c < l then remaining = l - c end
-        if usage and consume then
-          -- limit's fly: a budget check admitted goes in flight; a
-          -- charge ends the oldest and moves the usage per check.
-          if h == 0 then
-            if not fl then fl = {} end
-            local m = #fl
-            if m > 0 and fl[m - 1] >= fexp[q] then
-              fl[m] = fl[m] + 1
-            else
-              fl[m + 1], fl[m + 2] = fexp[q], 1
-            end
-          elseif fl then
-            if fl[2] > 1 then
-              fl[2] = fl[2] - 1
-            else
-              table.remove(fl, 1)
-              table.remove(fl, 1)
-              if #fl == 0 then fl = nil end
-            end
-            -- limit.State's Avg: the mean of the last 256 charges, x 1024.
-            ak = math.min(ak + 1, 256)
-            local hh = h * 1024
-            if hh >= av then av = av + idiv(hh - av, ak) else av = av - idiv(av - hh, ak) end
-          end
-        end
-        if ak > 0 or fl then
-          local parts = {pre[q], num(c), '|', num(av), '/', ak}
-          local xe = 0
-          if c > 0 or fl then xe = e[q] + GRACE end
-          if fl then
-            for j = 1, #fl, 2 do
-              parts[#parts + 1] = format('|%d:%d', fl[j], fl[j + 1])
-            end
-            xe = math.max(xe, fl[#fl - 1] * 1000000 + GRACE)
-          end
-          if ak > 0 then xe = math.max(xe, e[q] + win[q] + GRACE) end
-          val, ex = table.concat(parts), px(xe)
+        local bs = bss[i]
+        if bs or usage and consume then
+          val, ex = budgetval(q, h, c, usage and consume, bs)
         elseif c > 0 then
-          val = pre[q] .. num(c)
+          if c < 1e14 then val = pre[q] .. c else val = pre[q] .. num(c) end
         end
       end
     end
