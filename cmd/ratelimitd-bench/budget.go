@@ -39,6 +39,7 @@ type BudgetReport struct {
 	Admitted       int64   `json:"checks_admitted"`
 	Refused        int64   `json:"checks_refused"`
 	FalseRefusals  int64   `json:"false_refusals"`
+	CheckErrors    int64   `json:"check_errors"`
 	ChargeErrors   int64   `json:"charge_errors"`
 	FirstRefusalMS float64 `json:"first_refusal_ms"`
 	Seconds        float64 `json:"seconds"`
@@ -58,7 +59,7 @@ func runBudget(ctx context.Context, o *options, b *budgetOptions, clients []rlsv
 		}}}
 	}
 	var charged, inflight atomic.Uint64
-	var admitted, refused, falseRef, chargeErrs, firstRefusal atomic.Int64
+	var admitted, refused, falseRef, checkErrs, chargeErrs, firstRefusal atomic.Int64
 	start := time.Now()
 	lctx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
@@ -76,6 +77,10 @@ func runBudget(ctx context.Context, o *options, b *budgetOptions, clients []rlsv
 				dur := time.Duration(scale) * (b.minDur + time.Duration(rng.Int64N(int64(b.maxDur-b.minDur)+1)))
 				resp, err := cl.ShouldRateLimit(lctx, req(0))
 				if err != nil {
+					if lctx.Err() == nil {
+						checkErrs.Add(1)
+						sleepCtx(lctx, b.retry)
+					}
 					continue
 				}
 				if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
@@ -104,13 +109,16 @@ func runBudget(ctx context.Context, o *options, b *budgetOptions, clients []rlsv
 	wg.Wait()
 	r := BudgetReport{Streams: b.streams, Skewed: b.skewed, Budget: b.budget, Charged: charged.Load(),
 		LetThrough: float64(charged.Load()) / float64(b.budget), Admitted: admitted.Load(), Refused: refused.Load(),
-		FalseRefusals: falseRef.Load(), ChargeErrors: chargeErrs.Load(),
+		FalseRefusals: falseRef.Load(), CheckErrors: checkErrs.Load(), ChargeErrors: chargeErrs.Load(),
 		FirstRefusalMS: float64(firstRefusal.Load()) / 1e6, Seconds: time.Since(start).Seconds()}
+	if r.Admitted == 0 && r.Refused == 0 {
+		return fmt.Errorf("-budget: no check was answered (%d errors): is the service at %s?", r.CheckErrors, o.addr)
+	}
 	if o.asJSON {
 		return json.NewEncoder(out).Encode(r)
 	}
-	_, err := fmt.Fprintf(out, "budget %d, %d streams (%d skewed): charged %d = %.3fx the budget; checks admitted %d, refused %d (false %d; first at %.0f ms); charge errors %d; %.1f s\n",
-		r.Budget, r.Streams, r.Skewed, r.Charged, r.LetThrough, r.Admitted, r.Refused, r.FalseRefusals, r.FirstRefusalMS, r.ChargeErrors, r.Seconds)
+	_, err := fmt.Fprintf(out, "budget %d, %d streams (%d skewed): charged %d = %.3fx the budget; checks admitted %d, refused %d (false %d; first at %.0f ms); errors: %d checks, %d charges; %.1f s\n",
+		r.Budget, r.Streams, r.Skewed, r.Charged, r.LetThrough, r.Admitted, r.Refused, r.FalseRefusals, r.FirstRefusalMS, r.CheckErrors, r.ChargeErrors, r.Seconds)
 	return err
 }
 
