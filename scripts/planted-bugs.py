@@ -160,6 +160,9 @@ muts = [
     ("141 script ignores calendar periods","internal/redisstore/scripts/decide.lua","if cal > 0 then ws[q], we = calendar(cal) end","if false then ws[q], we = calendar(cal) end","./internal/redisstore","TestCalendarMatchesMemstore"),
     ("142 usage per check dropped at every window","internal/limit/limit.go","avg, k := st.Avg, st.Charges","avg, k := uint64(0), st.Charges*0","./internal/limit","TestBudgetChecksInFlight"),
     ("143 refused budget check goes in flight","internal/limit/limit.go","consume := (admitted && !results[i].Over || c.Usage && c.Hits > 0) && !c.Refund","consume := (admitted && !results[i].Over || c.Usage) && !c.Refund","./internal/limit","TestBudgetChecksInFlight"),
+    ("144 the mapping's old regex: (.*) and a mandatory (\\..*)","internal/compatstats/default_mapper.yaml","rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.near_limit","rate_limit\\.(.*)\\.(.*)\\.(.*)(\\..*)\\.near_limit","./cmd/ratelimitd","TestIncumbentRecorded"),
+    ("145 a detailed_metric value keeps its dots","internal/compatstats/rules.go",'seg(&b, e.GetKey(), strings.ReplaceAll(e.GetValue(), ".", "_"))',"seg(&b, e.GetKey(), e.GetValue())","./cmd/ratelimitd","TestIncumbentRecorded"),
+    ("146 a refused usage charge's hits taken off the count before it","internal/service/decide.go","				if !over && !cs.read {","				if (!over || ch.Usage) && !cs.read {","./cmd/ratelimitd","TestIncumbentRecorded"),
     ("134 RLQS token bucket holds more than its grant","internal/rlqs/rlqs.go","ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens)","ss.assign(b, tokens(r.Hits+2, ttl), ttl, sentTokens)","./internal/rlqs","TestFleetBound$|TestFleetOverInstances"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]

@@ -55,9 +55,9 @@ func budgetSequence(t *testing.T, client rlsv3.RateLimitServiceClient, user stri
 }
 
 // runAsIncumbent runs this binary as `ratelimit` in the incumbent's
-// environment (plus vars) until the test ends and returns its gRPC
-// address once it is healthy.
-func runAsIncumbent(t *testing.T, vars map[string]string) string {
+// environment (plus vars, which win) until the test ends and returns its
+// gRPC and HTTP addresses once it is healthy.
+func runAsIncumbent(t *testing.T, vars map[string]string) (grpcAddr, httpAddr string) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -95,7 +95,7 @@ func runAsIncumbent(t *testing.T, vars map[string]string) string {
 		}
 	})
 	getWithin(t, "http://127.0.0.1:"+httpPort+"/healthcheck", &log)
-	return "127.0.0.1:" + grpcPort
+	return "127.0.0.1:" + grpcPort, "127.0.0.1:" + httpPort
 }
 
 // TestTokenBudget holds the sequence through the binary named ratelimit
@@ -118,12 +118,12 @@ func TestTokenBudget(t *testing.T) {
 		{Key: "user", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_HOUR, RequestsPerUnit: 1000}}}})
 	for _, cache := range []string{"0", "1048576"} {
 		t.Run("incumbent env, files, cache "+cache, func(t *testing.T) {
-			addr := runAsIncumbent(t, map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr(),
+			addr, _ := runAsIncumbent(t, map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr(),
 				"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "LOCAL_CACHE_SIZE_IN_BYTES": cache})
 			budgetSequence(t, rlsv3.NewRateLimitServiceClient(dial(t, addr)), "files-"+cache)
 		})
 		t.Run("incumbent env, xDS, cache "+cache, func(t *testing.T) {
-			addr := runAsIncumbent(t, map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr(),
+			addr, _ := runAsIncumbent(t, map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr(),
 				"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": mgmt.Addr, "CONFIG_GRPC_XDS_NODE_ID": "budget-node",
 				"LOCAL_CACHE_SIZE_IN_BYTES": cache})
 			budgetSequence(t, rlsv3.NewRateLimitServiceClient(dial(t, addr)), "xds-"+cache)

@@ -199,12 +199,17 @@ func golden(t *testing.T, name, got string) {
 	}
 }
 
-// TestIncumbentStats runs the fixed traffic script with the incumbent's
-// stats environment (statsd over TCP, then UDP; the Prometheus sink with
-// the default mapping) and compares what arrives with golden files
-// written from the incumbent's documented names and counting rules:
-// testdata/incumbent_statsd.golden (name, statsd type, sum; timers are
-// sample counts) and testdata/incumbent_prometheus.golden.
+// TestIncumbentStats runs a traffic script of its own with the
+// incumbent's stats environment (statsd over TCP, then UDP; the Prometheus
+// sink with the default mapping) and compares what arrives with golden
+// files of ratelimitd's own output (RATELIMITD_UPDATE_GOLDEN=1 rewrites
+// them): testdata/incumbent_statsd.golden (name, statsd type, sum; timers
+// are sample counts) and testdata/incumbent_prometheus.golden. They pin
+// the sinks, the protocols and the stats the recording has no traffic for
+// (domain_not_found, request-level errors, timers); what the incumbent
+// emits is held to its recorded output by TestIncumbentRecorded, whose
+// shapes these goldens agree with (three-part keys labelled key1 and
+// key2).
 func TestIncumbentStats(t *testing.T) {
 	for _, proto := range []string{"tcp", "udp"} {
 		t.Run(proto, func(t *testing.T) {

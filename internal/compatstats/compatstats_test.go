@@ -68,6 +68,11 @@ descriptors:
 		{entries("v2m", "a", "sub", "xyz"), "d.v2m_a.sub_xyz"},
 		{entries("shared", "s123"), "d.shared_s*"},
 		{entries("det", "u", "leaf", "l1"), "d.det_u.leaf_l1"},
+		// As the incumbent's recorded output has them: a detailed
+		// value's dots become '_' (every level), a value_to_metric
+		// value keeps them.
+		{entries("det", "10.0.0.0/8", "leaf", "10.1.2.3"), "d.det_10_0_0_0/8.leaf_10_1_2_3"},
+		{entries("v2m", "api.example.com", "sub", "x.y"), "d.v2m_api.example.com.sub_x.y"},
 	} {
 		r := dom.Match(c.ents)
 		if r == nil {

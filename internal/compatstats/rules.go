@@ -100,7 +100,7 @@ func dynamic(r *config.Rule) bool {
 }
 
 // pathOf builds the incumbent's key path: with detailed_metric every level
-// is key_<request value>; with value_to_metric a key-only or wildcard
+// is key_<request value, its dots as '_'>; with value_to_metric a key-only or wildcard
 // level takes the request's value; share_threshold keeps the pattern; an
 // override is the request's own entries.
 func pathOf(domain string, r *config.Rule, ents []*rlcommon.RateLimitDescriptor_Entry) string {
@@ -123,7 +123,12 @@ func pathOf(domain string, r *config.Rule, ents []*rlcommon.RateLimitDescriptor_
 			seg(&b, e.GetKey(), e.GetValue())
 		case l.ShareThreshold:
 			seg(&b, l.Key, l.Value)
-		case r.DetailedMetric || (l.ValueToMetric && (l.Value == "" || l.IsWildcard())):
+		case r.DetailedMetric:
+			// The incumbent writes '_' for '.' in a detailed_metric
+			// value (an IP address keeps one statsd level), not in a
+			// value_to_metric one.
+			seg(&b, e.GetKey(), strings.ReplaceAll(e.GetValue(), ".", "_"))
+		case l.ValueToMetric && (l.Value == "" || l.IsWildcard()):
 			seg(&b, e.GetKey(), e.GetValue())
 		default:
 			seg(&b, l.Key, l.Value)

@@ -202,8 +202,12 @@ func tail(s string) string {
 // AwayFromHourEnd waits, when the hour ends within d, until it has: a
 // test counting admissions on counters of one hour on the real clock
 // must not see two windows.
-func AwayFromHourEnd(d time.Duration) {
-	if rest := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); rest < d {
+func AwayFromHourEnd(d time.Duration) { AwayFromWindowEnd(time.Hour, d) }
+
+// AwayFromWindowEnd is AwayFromHourEnd for windows of length w (a minute,
+// say): it waits out the current window when less than d of it is left.
+func AwayFromWindowEnd(w, d time.Duration) {
+	if rest := time.Until(time.Now().Truncate(w).Add(w)); rest < d {
 		time.Sleep(rest + 10*time.Millisecond)
 	}
 }

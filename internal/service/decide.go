@@ -357,7 +357,7 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 				// The counter's use before these hits: they were
 				// consumed only when the request was not refused.
 				before := cs.res.Used(it.rpu)
-				if (!over || ch.Usage) && !cs.read {
+				if !over && !cs.read {
 					before -= min(before, it.hits)
 				}
 				stats.Decided(it.hits, it.rpu, before, over)
