@@ -17,6 +17,9 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // statsdServer is a statsd server for tests, over TCP or UDP: it sums
@@ -161,7 +164,8 @@ descriptors:
 `
 
 // statsTraffic is the fixed traffic script: one hit a request, one
-// descriptor each.
+// descriptor each; then a refund (is_negative_hits: not a hit, so no
+// total_hits) and an invalid request (should_rate_limit.service_error).
 func statsTraffic(t *testing.T, client rlsv3.RateLimitServiceClient) {
 	t.Helper()
 	ask := func(n int, domain string, kv ...string) {
@@ -179,6 +183,17 @@ func statsTraffic(t *testing.T, client rlsv3.RateLimitServiceClient) {
 	ask(2, "gw", "sh", "z")
 	ask(1, "gw", "unl", "q")
 	ask(1, "nope", "k1", "x")
+	refund := desc("k1", "x")
+	refund.IsNegativeHits, refund.HitsAddend = true, wrapperspb.UInt64(2)
+	if _, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "gw",
+		Descriptors: []*rlcommon.RateLimitDescriptor{refund}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "",
+		Descriptors: []*rlcommon.RateLimitDescriptor{desc("k1", "x")}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a request without a domain: %v, want InvalidArgument", err)
+	}
 }
 
 // golden compares got with testdata/name, rewriting it under -update.
@@ -294,8 +309,8 @@ func TestDogStatsd(t *testing.T) {
 		"ratelimit.service.rate_limit.total_hits #descriptor:k1,domain:gw,env:test":            7,
 		"ratelimit.service.rate_limit.over_limit #descriptor:route_r1.user,domain:gw,env:test": 1,
 		"ratelimit.service.rate_limit.shadow_mode #descriptor:sh,domain:gw,env:test":           1,
-		"ratelimit_server.ShouldRateLimit.total_requests #env:test":                            16,
-		"ratelimit_server.ShouldRateLimit.response_time #env:test":                             16,
+		"ratelimit_server.ShouldRateLimit.total_requests #env:test":                            18,
+		"ratelimit_server.ShouldRateLimit.response_time #env:test":                             18,
 		"ratelimit.service.config_load_success #env:test":                                      1,
 	}
 	eventuallyWithin(t, 20*time.Second, "DogStatsD stats", func() error {

@@ -303,3 +303,37 @@ func TestCounting(t *testing.T) {
 		}
 	}
 }
+
+// TestResponseTimeSeconds: the default mapping serves the incumbent's
+// millisecond timer as ratelimit_service_response_time_seconds in
+// seconds: four requests of 250 µs sum to 1 ms, not to 1 "second".
+func TestResponseTimeSeconds(t *testing.T) {
+	s, err := New(Options{Prometheus: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for range 4 {
+		s.Request(250 * time.Microsecond)
+	}
+	s.Flush()
+	var count uint64
+	var sum float64
+	// The exporter takes the flushed batch on its own goroutine.
+	for deadline := time.Now().Add(10 * time.Second); count < 4 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		fams, err := s.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() == "ratelimit_service_response_time_seconds" {
+				for _, m := range f.GetMetric() {
+					count, sum = m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+	}
+	if count != 4 || sum < 0.0009 || sum > 0.0011 {
+		t.Fatalf("response_time_seconds: %d samples summing to %v s, want 4 summing to 0.001 s", count, sum)
+	}
+}

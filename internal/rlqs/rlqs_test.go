@@ -513,3 +513,67 @@ func TestBucketIDBounds(t *testing.T) {
 		t.Errorf("refused ids %v, want 2", got)
 	}
 }
+
+// TestShareSteady: steady demands keep their shares report after report.
+// Each bucket's measured rate is its part of its counter's demand, put in
+// once and replaced at every report, never added again (which would grow
+// the sum with every report and shrink every share to the even one).
+func TestShareSteady(t *testing.T) {
+	now := t0.Add(time.Second)
+	srv, _ := unitServer(t, `domain: d
+rlqs: {descriptor_keys: [k]}
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 60000}
+`, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
+	a, _ := srv.NewSession()
+	defer a.Close()
+	b, _ := srv.NewSession()
+	defer b.Close()
+	id := map[string]string{"k": "v"}
+	counts(t, a, now, "d", id, 1, 0)
+	counts(t, b, now, "d", id, 1, 0)
+	for cycle := range 6 {
+		// A new window each cycle: a at 10,000/s, b at 100/s, a first,
+		// so it asks for its share of the whole window.
+		now = now.Add(time.Minute)
+		ga := granted(counts(t, a, now, "d", id, 60_000, 540_000))
+		counts(t, b, now, "d", id, 6_000, 0)
+		if cycle > 0 && ga < 59_000 {
+			t.Fatalf("cycle %d: a's grant %d, want its 99 %% share of the window's 60000", cycle, ga)
+		}
+	}
+}
+
+// TestGrantTTLByAlgorithm: a window's grant lives to its window's end
+// (less the margin), a sliding window's as a fixed one's; a token bucket
+// rule's, which has no window end, for two report periods.
+func TestGrantTTLByAlgorithm(t *testing.T) {
+	now := t0.Add(10 * time.Second)
+	srv, _ := unitServer(t, `domain: algos
+rlqs: {descriptor_keys: [k]}
+descriptors:
+  - key: k
+    value: fixed
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: k
+    value: sliding
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: sliding_window}
+  - key: k
+    value: bucket
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: token_bucket}
+`, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
+	ss, _ := srv.NewSession()
+	defer ss.Close()
+	for _, tt := range []struct{ value, want string }{
+		{"fixed", "tokens/49s"}, {"sliding", "tokens/49s"}, {"bucket", "tokens/10s"},
+	} {
+		resp, err := ss.Report(context.Background(), now, report("algos", map[string]string{"k": tt.value}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := actions(resp); got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.value, got, tt.want)
+		}
+	}
+}
