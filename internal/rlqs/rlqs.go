@@ -522,6 +522,12 @@ func (b *bucket) keep(now time.Time) bool {
 	return float64(left) >= b.rate*ReportPeriod.Seconds()/2
 }
 
+// holds reports whether the Envoy may still hold tokens of the bucket's
+// grant: unexpired, and not all reported used.
+func (b *bucket) holds(now time.Time) bool {
+	return b.sent == sentTokens && now.Before(b.expires) && b.granted > b.used
+}
+
 // size is how many hits to ask for: the demand of two report periods,
 // never more than the bucket's fair share of what remains of the window
 // (by its share of the demand on the counter here, at least an even
@@ -591,6 +597,13 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 			s.noteRemaining(b.subscribed, r.Remaining, now.Add(reset))
 		}
 		switch {
+		case r.Hits == 0 && b.holds(now):
+			// Nothing is left to grant, but the Envoy still holds tokens
+			// charged to the counter: a DENY_ALL would throw them away.
+			// They run out on their TTL (a strict config denies after);
+			// the next window's grant comes at its start.
+			s.m.RLQSGrant("empty", 0)
+			b.wake = now.Add(max(reset, time.Second))
 		case r.Hits == 0:
 			s.m.RLQSGrant("empty", 0)
 			out = append(out, ss.denyUntil(b, now, reset))

@@ -577,3 +577,40 @@ descriptors:
 		}
 	}
 }
+
+// TestHeldTokensNotRevoked: when a bucket runs short and nothing is left
+// to grant, the tokens the Envoy still holds (charged to the counter
+// already) are left to run out on their TTL, not wiped by a DENY_ALL;
+// the next window's grant is pushed at its start. A bucket that holds
+// nothing is denied until then.
+func TestHeldTokensNotRevoked(t *testing.T) {
+	now := t0.Add(time.Second)
+	srv, _ := unitServer(t, kindsRules, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
+	id := map[string]string{"tenant": "acme", "route": "login"} // 1000 a minute
+	a, _ := srv.NewSession()
+	defer a.Close()
+	b, _ := srv.NewSession()
+	defer b.Close()
+	if got := granted(counts(t, a, now, "edge", id, 1, 0)); got != 167 {
+		t.Fatalf("a's first grant %d, want 167", got)
+	}
+	if got := granted(counts(t, b, now, "edge", id, 1, 100_000)); got != 416 {
+		t.Fatalf("b's first grant %d, want 416", got)
+	}
+	now = now.Add(5 * time.Second)
+	if got := granted(counts(t, b, now, "edge", id, 416, 500_000)); got != 417 {
+		t.Fatalf("b's second grant %d, want the 417 left", got)
+	}
+	// a has used 150 of its 167 and runs short; nothing is left.
+	resp := counts(t, a, now, "edge", id, 150, 0)
+	if got := actions(resp); got != "" {
+		t.Fatalf("a running short with 17 tokens held: %q, want no action (its tokens run out on their TTL)", got)
+	}
+	if want := t0.Add(time.Minute); !a.NextWake().Equal(want) {
+		t.Errorf("a's next wake %v, want the window's end %v", a.NextWake(), want)
+	}
+	// b has spent its tokens: it holds nothing, and is denied.
+	if got := actions(counts(t, b, now.Add(time.Second), "edge", id, 417, 0)); !strings.HasPrefix(got, "deny/") {
+		t.Errorf("b with nothing held: %q, want a DENY_ALL until the window ends", got)
+	}
+}
