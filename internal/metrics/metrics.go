@@ -183,7 +183,7 @@ func New(version string) *Metrics {
 		}, []string{"what"}),
 		RLQSRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_rlqs_reports_rejected_total",
-			Help: "RLQS usage reports (whole messages) or bucket reports refused, by reason: report_too_large, bucket_id_empty, bucket_id_too_large, too_many_buckets, too_many_streams, bad_domain. A refused bucket gets no assignment: Envoy's no_assignment_behavior decides it.",
+			Help: "RLQS usage reports (whole messages) or bucket reports refused, by reason: bucket_id_empty, bucket_id_too_large, too_many_buckets, too_many_streams, bad_domain. A refused bucket gets no assignment: Envoy's no_assignment_behavior decides it.",
 		}, []string{"reason"}),
 		XDSConnected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratelimitd_xds_connected",

@@ -369,11 +369,12 @@ func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLi
 		s.m.RLQSReject("bad_domain")
 		return nil, fmt.Errorf("rlqs: report for domain %q on a stream of domain %q (open a stream per domain)", config.Truncate(d, 64), config.Truncate(ss.domain, 64))
 	}
+	// A report past MaxBuckets is still answered for the buckets within
+	// the bound, so the Envoy's known buckets keep their grants; the new
+	// ones past it are refused one by one (too_many_buckets) and get no
+	// assignment: Envoy's no_assignment_behavior decides them, and it
+	// reports them again. gRPC's message size bounds the report's length.
 	usages := msg.GetBucketQuotaUsages()
-	if len(usages) > s.opts.MaxBuckets {
-		s.m.RLQSReject("report_too_large")
-		return nil, nil
-	}
 	var keys []string
 	if dom := s.plan.Rules().Domain(ss.domain); dom != nil {
 		keys = dom.RLQSKeys

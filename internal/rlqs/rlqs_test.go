@@ -209,14 +209,22 @@ func TestBounds(t *testing.T) {
 	if got := len(resp.GetBucketAction()); got != 2 {
 		t.Errorf("%d buckets assigned, want 2 (a fourth bucket is one too many)", got)
 	}
-	ids := make([]map[string]string, 4)
-	for i := range ids {
-		ids[i] = map[string]string{"tenant": "1"}
+	// A report of more buckets than MaxBuckets is answered for the
+	// buckets within the bound (the known ones, here running out of
+	// their grants), the new ones past it refused one by one.
+	big := report("edge", map[string]string{"tenant": "9"}, map[string]string{"tenant": "1"}, map[string]string{"tenant": "8"}, map[string]string{"tenant": "2"})
+	for _, u := range big.GetBucketQuotaUsages() {
+		u.NumRequestsAllowed = 5
 	}
-	if resp, _ := a.Report(ctx, t0, report("edge", ids...)); resp != nil {
-		t.Errorf("a report of 4 bucket usages (more than MaxBuckets) was answered: %v", resp)
+	resp, _ = a.Report(ctx, t0.Add(5*time.Second), big)
+	answered := map[string]bool{}
+	for _, act := range resp.GetBucketAction() {
+		answered[act.GetBucketId().GetBucket()["tenant"]] = true
 	}
-	for reason, want := range map[string]float64{"too_many_streams": 1, "bad_domain": 2, "bucket_id_empty": 1, "bucket_id_too_large": 1, "too_many_buckets": 1, "report_too_large": 1} {
+	if !answered["1"] || !answered["2"] || answered["8"] || answered["9"] {
+		t.Errorf("a report of 4 buckets, 2 of them new past the bound: answered %v, want tenants 1 and 2", answered)
+	}
+	for reason, want := range map[string]float64{"too_many_streams": 1, "bad_domain": 2, "bucket_id_empty": 1, "bucket_id_too_large": 1, "too_many_buckets": 3} {
 		if got := testutil.ToFloat64(m.RLQSRejected.WithLabelValues(reason)); got != want {
 			t.Errorf("rejected %s = %v, want %v", reason, got, want)
 		}
