@@ -175,6 +175,8 @@ muts = [
     ("156 tracing sampling rate ignored","internal/tracing/tracing.go","sdktrace.TraceIDRatioBased(o.SamplingRate)","sdktrace.AlwaysSample()","./cmd/ratelimitd","TestTracingSamplingRate"),
     ("157 RLQS held tokens revoked by a DENY_ALL when nothing is left","internal/rlqs/rlqs.go","case r.Hits == 0 && b.holds(now):","case r.Hits == 0 && false && b.holds(now):","./internal/rlqs","TestHeldTokensNotRevoked"),
     ("158 RLQS report past the bucket bound dropped whole","internal/rlqs/rlqs.go","\tusages := msg.GetBucketQuotaUsages()\n","\tusages := msg.GetBucketQuotaUsages()\n\tif len(usages) > s.opts.MaxBuckets {\n\t\treturn nil, nil\n\t}\n","./internal/rlqs","TestBounds"),
+    ("159 a near-limit ratio of 1 replaced by the default","internal/compatstats/compatstats.go","opts.NearLimitRatio > 1 {","opts.NearLimitRatio >= 1 {","./internal/compatstats","TestNearLimitRatioAndSanitize"),
+    ("160 spaces in a stat path written as _","internal/compatstats/rules.go","r == '|' || r < ' ' ||","r == '|' || r <= ' ' ||","./internal/compatstats","TestNearLimitRatioAndSanitize"),
     ("134 RLQS token bucket holds more than its grant","internal/rlqs/rlqs.go","ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens)","ss.assign(b, tokens(r.Hits+2, ttl), ttl, sentTokens)","./internal/rlqs","TestFleetBound$|TestFleetOverInstances"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]

@@ -337,3 +337,25 @@ func TestResponseTimeSeconds(t *testing.T) {
 		t.Fatalf("response_time_seconds: %d samples summing to %v s, want 4 summing to 0.001 s", count, sum)
 	}
 }
+
+// TestNearLimitRatioAndSanitize: a near-limit ratio of 1 is honoured (no
+// hit is near the limit before it), one past 1 falls back to 0.8; and a
+// stat path keeps its spaces (only ':', '|' and control characters, which
+// would break a statsd line, become '_').
+func TestNearLimitRatioAndSanitize(t *testing.T) {
+	for ratio, wantNear := range map[float64]uint64{1: 0, 1.5: 1, 0.8: 1} {
+		s, err := New(Options{NearLimitRatio: ratio})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := s.counters("d.k")
+		cs.Decided(1, 10, 8, false) // the ninth hit of ten
+		if got := cs.nearLimit.Value(); got != wantNear {
+			t.Errorf("ratio %v: near_limit %d, want %d", ratio, got, wantNear)
+		}
+		s.Close()
+	}
+	if got := Sanitize("d.k_a b:c|d\ne"); got != "d.k_a b_c_d_e" {
+		t.Errorf("Sanitize = %q, want spaces kept, separators and control characters as _", got)
+	}
+}
