@@ -177,6 +177,7 @@ muts = [
     ("158 RLQS report past the bucket bound dropped whole","internal/rlqs/rlqs.go","\tusages := msg.GetBucketQuotaUsages()\n","\tusages := msg.GetBucketQuotaUsages()\n\tif len(usages) > s.opts.MaxBuckets {\n\t\treturn nil, nil\n\t}\n","./internal/rlqs","TestBounds"),
     ("159 a near-limit ratio of 1 replaced by the default","internal/compatstats/compatstats.go","opts.NearLimitRatio > 1 {","opts.NearLimitRatio >= 1 {","./internal/compatstats","TestNearLimitRatioAndSanitize"),
     ("160 spaces in a stat path written as _","internal/compatstats/rules.go","r == '|' || r < ' ' ||","r == '|' || r <= ' ' ||","./internal/compatstats","TestNearLimitRatioAndSanitize"),
+    ("161 RLQS budget-spent DENY_ALL outliving its window by up to 1.5 s","internal/rlqs/rlqs.go","ttl := max(time.Second, (reset+time.Second-1)/time.Second*time.Second)","ttl := max(time.Second, reset.Round(time.Second)+time.Second)","./internal/rlqs","TestFreshBucketEachGrant"),
     ("134 RLQS token bucket holds more than its grant","internal/rlqs/rlqs.go","ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens)","ss.assign(b, tokens(r.Hits+2, ttl), ttl, sentTokens)","./internal/rlqs","TestFleetBound$|TestFleetOverInstances"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]

@@ -674,7 +674,9 @@ func (s *Server) noteRemaining(key string, remaining uint64, till time.Time) {
 // second from now at the soonest: a token bucket rule's next hit may be
 // due in a millisecond, and asking for it hit by hit would load Redis.
 func (ss *Session) denyUntil(b *bucket, now time.Time, reset time.Duration) *rlqsv3.RateLimitQuotaResponse_BucketAction {
-	ttl := max(time.Second, reset.Round(time.Second)+time.Second)
+	// TTLs are whole seconds: the first one at or after the window's
+	// end, when the wake's grant replaces it anyway.
+	ttl := max(time.Second, (reset+time.Second-1)/time.Second*time.Second)
 	b.wake = now.Add(max(reset, time.Second))
 	return ss.assign(b, denyAll(), ttl, sentDeny)
 }

@@ -277,8 +277,8 @@ func TestFreshBucketEachGrant(t *testing.T) {
 		return r[0].Remaining
 	}
 	before := left()
-	if resp, _ = ss.Report(ctx, now, u); actions(resp) != "deny/3s" {
-		t.Errorf("grant 1.5 s before the window ends: %q, want deny until it ends", actions(resp))
+	if resp, _ = ss.Report(ctx, now, u); actions(resp) != "deny/2s" {
+		t.Errorf("grant 1.5 s before the window ends: %q, want deny until it ends (2 s: the first whole second past it)", actions(resp))
 	}
 	if after := left(); after != before {
 		t.Errorf("the counter has %d left after a grant given back, %d before", after, before)
