@@ -54,10 +54,16 @@ func budgetSequence(t *testing.T, client rlsv3.RateLimitServiceClient, user stri
 	}
 }
 
+// incumbentProc is this binary run as `ratelimit`.
+type incumbentProc struct {
+	grpcAddr, httpAddr string
+	log                *syncBuffer
+}
+
 // runAsIncumbent runs this binary as `ratelimit` in the incumbent's
-// environment (plus vars, which win) until the test ends and returns its
-// gRPC and HTTP addresses once it is healthy.
-func runAsIncumbent(t *testing.T, vars map[string]string) (grpcAddr, httpAddr string) {
+// environment (plus vars, which win) until the test ends and returns it
+// once it is healthy.
+func runAsIncumbent(t *testing.T, vars map[string]string) incumbentProc {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -95,7 +101,7 @@ func runAsIncumbent(t *testing.T, vars map[string]string) (grpcAddr, httpAddr st
 		}
 	})
 	getWithin(t, "http://127.0.0.1:"+httpPort+"/healthcheck", &log)
-	return "127.0.0.1:" + grpcPort, "127.0.0.1:" + httpPort
+	return incumbentProc{grpcAddr: "127.0.0.1:" + grpcPort, httpAddr: "127.0.0.1:" + httpPort, log: &log}
 }
 
 // TestTokenBudget holds the sequence through the binary named ratelimit
@@ -105,28 +111,21 @@ func runAsIncumbent(t *testing.T, vars map[string]string) (grpcAddr, httpAddr st
 func TestTokenBudget(t *testing.T) {
 	srv := redistest.Start(t)
 	redistest.AwayFromHourEnd(10 * time.Second)
-	root := t.TempDir()
-	cfg := filepath.Join(root, "ratelimit", "config")
-	if err := os.MkdirAll(cfg, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(cfg, "budget.yaml"), []byte(budgetYAML), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	root := incumbentRules(t, budgetYAML)
 	mgmt := xdstest.Start(t, "127.0.0.1:0")
 	mgmt.Set("budget-node", "1", &rlsconf.RateLimitConfig{Name: "llm", Domain: "llm", Descriptors: []*rlsconf.RateLimitDescriptor{
 		{Key: "user", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_HOUR, RequestsPerUnit: 1000}}}})
 	for _, cache := range []string{"0", "1048576"} {
 		t.Run("incumbent env, files, cache "+cache, func(t *testing.T) {
-			addr, _ := runAsIncumbent(t, map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr(),
+			addr := runAsIncumbent(t, map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr(),
 				"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "LOCAL_CACHE_SIZE_IN_BYTES": cache})
-			budgetSequence(t, rlsv3.NewRateLimitServiceClient(dial(t, addr)), "files-"+cache)
+			budgetSequence(t, rlsv3.NewRateLimitServiceClient(dial(t, addr.grpcAddr)), "files-"+cache)
 		})
 		t.Run("incumbent env, xDS, cache "+cache, func(t *testing.T) {
-			addr, _ := runAsIncumbent(t, map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr(),
+			addr := runAsIncumbent(t, map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr(),
 				"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": mgmt.Addr, "CONFIG_GRPC_XDS_NODE_ID": "budget-node",
 				"LOCAL_CACHE_SIZE_IN_BYTES": cache})
-			budgetSequence(t, rlsv3.NewRateLimitServiceClient(dial(t, addr)), "xds-"+cache)
+			budgetSequence(t, rlsv3.NewRateLimitServiceClient(dial(t, addr.grpcAddr)), "xds-"+cache)
 		})
 		t.Run("native flags, cache "+cache, func(t *testing.T) {
 			in := start(t, env(nil), "--config", writeRules(t, budgetYAML), "--redis-url", srv.URL(), "--local-cache-size", cache)

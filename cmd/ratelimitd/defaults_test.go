@@ -40,11 +40,11 @@ func TestIncumbentStatsdByDefault(t *testing.T) {
 	sd := startStatsd(t, "tcp")
 	host, port, _ := net.SplitHostPort(sd.addr)
 	srv := redistest.Start(t)
-	grpcAddr, _ := runAsIncumbent(t, map[string]string{
+	grpcAddr := runAsIncumbent(t, map[string]string{
 		"USE_STATSD": "", "STATSD_HOST": host, "STATSD_PORT": port, "STATS_FLUSH_INTERVAL": "100ms",
 		"RUNTIME_ROOT": incumbentRules(t, tracedRules), "RUNTIME_SUBDIRECTORY": "ratelimit",
 		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr(),
-	})
+	}).grpcAddr
 	client := rlsv3.NewRateLimitServiceClient(dial(t, grpcAddr))
 	if _, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "traced",
 		Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}}); err != nil {
@@ -71,11 +71,11 @@ func TestIncumbentRedisUser(t *testing.T) {
 	if err := admin.Do(ctx, "ACL", "SETUSER", "default", "off").Err(); err != nil {
 		t.Fatal(err)
 	}
-	grpcAddr, _ := runAsIncumbent(t, map[string]string{
+	grpcAddr := runAsIncumbent(t, map[string]string{
 		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr(), "REDIS_AUTH": "limiter:s3cret",
 		"RUNTIME_ROOT":         incumbentRules(t, "domain: acl\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"),
 		"RUNTIME_SUBDIRECTORY": "ratelimit",
-	})
+	}).grpcAddr
 	redistest.AwayFromHourEnd(5 * time.Second)
 	client := rlsv3.NewRateLimitServiceClient(dial(t, grpcAddr))
 	var codes []rlsv3.RateLimitResponse_Code
@@ -114,14 +114,7 @@ func TestTracingDefaults(t *testing.T) {
 // starts here, while a caller's sampled trace is still followed.
 func TestTracingSamplingRate(t *testing.T) {
 	recv := startOTLP(t, "grpc")
-	rds := redistest.Start(t)
-	in := start(t, env(map[string]string{
-		"RATELIMITD_ENV_COMPAT":       "envoyproxy",
-		"USE_STATSD":                  "false",
-		"TRACING_ENABLED":             "true",
-		"TRACING_SAMPLING_RATE":       "0",
-		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + recv.addr,
-	}), "--config", writeRules(t, tracedRules), "--redis-url", rds.URL())
+	in := startTraced(t, recv, map[string]string{"TRACING_SAMPLING_RATE": "0"})
 	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
 	ask := func(md ...string) {
 		ctx := metadata.AppendToOutgoingContext(context.Background(), md...)

@@ -124,27 +124,20 @@ func deliberate(t *testing.T) map[string]bool {
 // beside them are fine), but for the deliberate differences.
 func TestIncumbentRecorded(t *testing.T) {
 	srv := redistest.Start(t)
-	root := t.TempDir()
-	cfg := filepath.Join(root, "ratelimit", "config")
-	if err := os.MkdirAll(cfg, 0o700); err != nil {
-		t.Fatal(err)
-	}
 	shapes, err := os.ReadFile(filepath.Join(recordedDir, "shapes.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(cfg, "shapes.yaml"), shapes, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	root := incumbentRules(t, string(shapes))
 	sd := startStatsd(t, "tcp")
 	statsdHost, statsdPort, _ := net.SplitHostPort(sd.addr)
 	promAddr := freeAddr(t)
-	_, httpAddr := runAsIncumbent(t, map[string]string{
+	httpAddr := runAsIncumbent(t, map[string]string{
 		"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_WATCH_ROOT": "false", "RUNTIME_IGNOREDOTFILES": "true",
 		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr(), "LOG_LEVEL": "info", "STATS_FLUSH_INTERVAL": "100ms",
 		"USE_STATSD": "true", "STATSD_HOST": statsdHost, "STATSD_PORT": statsdPort,
 		"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": promAddr,
-	})
+	}).httpAddr
 	// The rules count per minute and per hour: the traffic must not
 	// straddle a minute.
 	redistest.AwayFromWindowEnd(time.Minute, 15*time.Second)

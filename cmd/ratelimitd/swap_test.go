@@ -6,11 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,14 +28,6 @@ import (
 // a v0.1.0 client once NACKed, freezing every update), enforces an
 // unrelated policy of the same set, and sends the incumbent's stats.
 func TestImageSwap(t *testing.T) {
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "ratelimit")
-	if err := os.Symlink(exe, bin); err != nil {
-		t.Fatal(err)
-	}
 	rds := redistest.Start(t)
 	certs := redistest.NewCerts(t)
 	mgmt := xdstest.Start(t, "127.0.0.1:0", mtlsServer(t, certs, certs.CA))
@@ -50,52 +38,27 @@ func TestImageSwap(t *testing.T) {
 			{Key: "ip", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_HOUR, RequestsPerUnit: 5}}}})
 	sd := startStatsd(t, "tcp")
 	statsdHost, statsdPort, _ := net.SplitHostPort(sd.addr)
-	_, httpPort, _ := net.SplitHostPort(freeAddr(t))
-	_, grpcPort, _ := net.SplitHostPort(freeAddr(t))
-
-	cmd := exec.Command(bin)
-	cmd.Env = []string{
-		"RATELIMITD_TEST_AS_MAIN=1", "PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(),
+	proc := runAsIncumbent(t, map[string]string{
 		// Envoy Gateway's Deployment, as it writes it:
-		"RUNTIME_ROOT=/data", "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true", "RUNTIME_WATCH_ROOT=false",
-		"LOG_LEVEL=info", "USE_STATSD=true", "STATSD_PORT=" + statsdPort, "CONFIG_TYPE=GRPC_XDS_SOTW",
-		"CONFIG_GRPC_XDS_SERVER_URL=" + mgmt.Addr, "CONFIG_GRPC_XDS_NODE_ID=envoy-ratelimit",
-		"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=" + certs.ServerCert, "GRPC_SERVER_TLS_KEY=" + certs.ServerKey,
-		"GRPC_SERVER_TLS_CA_CERT=" + certs.CA, "CONFIG_GRPC_XDS_SERVER_USE_TLS=true",
-		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT=" + certs.ClientCert, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY=" + certs.ClientKey,
-		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + certs.CA, "FORCE_START_WITHOUT_INITIAL_CONFIG=true",
-		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + rds.Addr(),
-		// Only what a test must change: free ports, the statsd host, a
-		// short flush so the stats show within the test.
-		"HOST=127.0.0.1", "PORT=" + httpPort, "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort,
-		"STATSD_HOST=" + statsdHost, "STATS_FLUSH_INTERVAL=100ms",
-	}
-	var log syncBuffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("ratelimit exited with %v\n%s", err, log.String())
-			}
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			t.Errorf("ratelimit still running 20 s after SIGTERM\n%s", log.String())
-		}
+		"RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_IGNOREDOTFILES": "true", "RUNTIME_WATCH_ROOT": "false",
+		"LOG_LEVEL": "info", "USE_STATSD": "true", "STATSD_PORT": statsdPort, "CONFIG_TYPE": "GRPC_XDS_SOTW",
+		"CONFIG_GRPC_XDS_SERVER_URL": mgmt.Addr, "CONFIG_GRPC_XDS_NODE_ID": "envoy-ratelimit",
+		"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": certs.ServerCert, "GRPC_SERVER_TLS_KEY": certs.ServerKey,
+		"GRPC_SERVER_TLS_CA_CERT": certs.CA, "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true",
+		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT": certs.ClientCert, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": certs.ClientKey,
+		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT": certs.CA, "FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": rds.Addr(),
+		// Only what a test must change (runAsIncumbent sets the free
+		// ports): the statsd host, a short flush so the stats show
+		// within the test.
+		"STATSD_HOST": statsdHost, "STATS_FLUSH_INTERVAL": "100ms",
 	})
-	getWithin(t, "http://127.0.0.1:"+httpPort+"/healthcheck", &log)
 
 	pool, err := loadPool("ca", certs.CA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc, err := grpc.NewClient("127.0.0.1:"+grpcPort, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
+	cc, err := grpc.NewClient(proc.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +77,7 @@ func TestImageSwap(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the MONTH policy is not served: %v %v\n%s", r, err, log.String())
+			t.Fatalf("the MONTH policy is not served: %v %v\n%s", r, err, proc.log.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"strings"
@@ -130,6 +131,20 @@ func attr(s *tracepb.Span, key string) string {
 
 const tracedRules = "domain: traced\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 100}\n"
 
+// startTraced runs the service with the incumbent's tracing environment
+// (plus vars) exporting to recv, over tracedRules and a Redis of its own.
+func startTraced(t *testing.T, recv *otlpReceiver, vars map[string]string) *instance {
+	t.Helper()
+	e := map[string]string{
+		"RATELIMITD_ENV_COMPAT":       "envoyproxy",
+		"USE_STATSD":                  "false",
+		"TRACING_ENABLED":             "true",
+		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + recv.addr,
+	}
+	maps.Copy(e, vars)
+	return start(t, env(e), "--config", writeRules(t, tracedRules), "--redis-url", redistest.Start(t).URL())
+}
+
 // TestTracing: with the incumbent's tracing environment (TRACING_ENABLED,
 // OTEL_EXPORTER_OTLP_ENDPOINT) an in-process OTLP collector receives a
 // ShouldRateLimit span whose parent is the span the caller sent in its
@@ -138,14 +153,7 @@ const tracedRules = "domain: traced\ndescriptors:\n  - key: k\n    rate_limit: {
 // traced from their HTTP headers; a malformed traceparent is ignored.
 func TestTracing(t *testing.T) {
 	recv := startOTLP(t, "grpc")
-	rds := redistest.Start(t)
-	in := start(t, env(map[string]string{
-		"RATELIMITD_ENV_COMPAT":       "envoyproxy",
-		"USE_STATSD":                  "false",
-		"TRACING_ENABLED":             "true",
-		"TRACING_SERVICE_NAME":        "rl-test",
-		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + recv.addr,
-	}), "--config", writeRules(t, tracedRules), "--redis-url", rds.URL())
+	in := startTraced(t, recv, map[string]string{"TRACING_SERVICE_NAME": "rl-test"})
 	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
 	ask := func(md ...string) error {
 		ctx := metadata.AppendToOutgoingContext(context.Background(), md...)

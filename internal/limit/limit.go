@@ -84,6 +84,9 @@ const (
 	CalendarYearUS  = 366 * 24 * 3600 * 1_000_000
 )
 
+// Charge reports a usage charge: hits recorded whatever the decision.
+func (c *Check) Charge() bool { return c.Usage && c.Hits > 0 && !c.Refund }
+
 // Window returns the start and end (µs) of the fixed window holding
 // nowUS: aligned to multiples of WindowUS, or the calendar period.
 func (c *Check) Window(nowUS int64) (start, end int64) {
@@ -224,9 +227,9 @@ const maxDebtUS = 1 << 50
 // FlightS/flightBuckets, so the stored state stays small.
 const flightBuckets = 16
 
-// FlightExp returns the expiry bucket (Unix seconds) of a budget check
+// flightExp returns the expiry bucket (Unix seconds) of a budget check
 // admitted at nowUS.
-func FlightExp(nowUS, flightS int64) int64 {
+func flightExp(nowUS, flightS int64) int64 {
 	g := max((flightS+flightBuckets-1)/flightBuckets, 1)
 	e := nowUS/1_000_000 + flightS
 	return (e + g - 1) / g * g
@@ -267,7 +270,7 @@ func Decide(checks []Check, states []State, found []bool, nowUS int64, results [
 		c := &checks[i]
 		// A usage charge is recorded whatever the decision; a budget
 		// check admitted goes in flight.
-		consume := (admitted && !results[i].Over || c.Usage && c.Hits > 0) && !c.Refund
+		consume := admitted && !results[i].Over && !c.Refund || c.Charge()
 		apply(c, &states[i], nowUS, consume)
 		results[i].Remaining, results[i].ResetUS, expire[i] = report(c, &states[i], nowUS)
 	}
@@ -397,7 +400,7 @@ func maxCount(a Algorithm) uint64 {
 // check toward its hits.
 func fly(c *Check, st *State, now int64, hits uint64) {
 	if hits == 0 {
-		exp := FlightExp(now, c.FlightS)
+		exp := flightExp(now, c.FlightS)
 		n := len(st.Flights)
 		fl := make([]Flight, n, n+1)
 		copy(fl, st.Flights)

@@ -80,7 +80,7 @@ func undo(ctx context.Context, checks []Check, done []Group, results []Result, r
 	}
 	for _, grp := range rest {
 		c := call{idx: grp.Idx, eval: grp.Eval, checks: Subset(checks, grp.Idx, func(ch *Check) {
-			if !ch.Refund && !ch.charge() {
+			if !ch.Refund && !ch.Charge() {
 				ch.Hits, ch.Usage = 0, false
 			}
 		})}
@@ -96,7 +96,7 @@ func undo(ctx context.Context, checks []Check, done []Group, results []Result, r
 				return
 			}
 			for j, i := range c.idx {
-				if checks[i].charge() {
+				if checks[i].Charge() {
 					results[i] = res[j]
 				} else if checks[i].Refund || c.checks[j].Refund {
 					results[i].Remaining, results[i].ResetUS = res[j].Remaining, res[j].ResetUS
@@ -116,6 +116,3 @@ func undo(ctx context.Context, checks []Check, done []Group, results []Result, r
 	}
 	return nil
 }
-
-// charge reports a usage charge: hits recorded whatever the decision.
-func (c *Check) charge() bool { return c.Usage && c.Hits > 0 && !c.Refund }

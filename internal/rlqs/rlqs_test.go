@@ -115,6 +115,18 @@ func granted(resp *rlqsv3.RateLimitQuotaResponse) uint32 {
 
 var t0 = time.Unix(1_800_000_000, 0).Truncate(time.Hour)
 
+// twoSessions opens two sessions, closed when the test ends, on a server
+// of rules whose memstore reads the clock *now.
+func twoSessions(t *testing.T, rules string, now *time.Time) (*rlqs.Session, *rlqs.Session) {
+	t.Helper()
+	srv, _ := unitServer(t, rules, memstore.New(memstore.Options{Now: func() time.Time { return *now }}), rlqs.Options{})
+	a, _ := srv.NewSession()
+	t.Cleanup(a.Close)
+	b, _ := srv.NewSession()
+	t.Cleanup(b.Close)
+	return a, b
+}
+
 // TestKinds: what each kind of bucket is assigned.
 func TestKinds(t *testing.T) {
 	store := memstore.New(memstore.Options{Now: func() time.Time { return t0.Add(10 * time.Second) }})
@@ -459,16 +471,12 @@ descriptors:
 // take 99 % of what remains.
 func TestShareByDemand(t *testing.T) {
 	now := t0.Add(time.Second)
-	srv, _ := unitServer(t, `domain: d
+	a, b := twoSessions(t, `domain: d
 rlqs: {descriptor_keys: [k]}
 descriptors:
   - key: k
     rate_limit: {unit: hour, requests_per_unit: 100000}
-`, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
-	a, _ := srv.NewSession()
-	defer a.Close()
-	b, _ := srv.NewSession()
-	defer b.Close()
+`, &now)
 	id := map[string]string{"k": "v"}
 	step := func(ss *rlqs.Session, allowed, denied uint64) uint32 {
 		t.Helper()
@@ -528,16 +536,12 @@ func TestBucketIDBounds(t *testing.T) {
 // the sum with every report and shrink every share to the even one).
 func TestShareSteady(t *testing.T) {
 	now := t0.Add(time.Second)
-	srv, _ := unitServer(t, `domain: d
+	a, b := twoSessions(t, `domain: d
 rlqs: {descriptor_keys: [k]}
 descriptors:
   - key: k
     rate_limit: {unit: minute, requests_per_unit: 60000}
-`, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
-	a, _ := srv.NewSession()
-	defer a.Close()
-	b, _ := srv.NewSession()
-	defer b.Close()
+`, &now)
 	id := map[string]string{"k": "v"}
 	counts(t, a, now, "d", id, 1, 0)
 	counts(t, b, now, "d", id, 1, 0)
@@ -593,12 +597,8 @@ descriptors:
 // nothing is denied until then.
 func TestHeldTokensNotRevoked(t *testing.T) {
 	now := t0.Add(time.Second)
-	srv, _ := unitServer(t, kindsRules, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
+	a, b := twoSessions(t, kindsRules, &now)
 	id := map[string]string{"tenant": "acme", "route": "login"} // 1000 a minute
-	a, _ := srv.NewSession()
-	defer a.Close()
-	b, _ := srv.NewSession()
-	defer b.Close()
 	if got := granted(counts(t, a, now, "edge", id, 1, 0)); got != 167 {
 		t.Fatalf("a's first grant %d, want 167", got)
 	}

@@ -117,21 +117,16 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 		if c < 0 {
 			c = len(checks)
 			checks = append(checks, limit.Check{Key: key, Limit: it.rpu, WindowUS: it.windowUS, NoVeto: noVeto,
-				Algorithm: it.algo, Burst: it.burst, Lease: it.lease, Usage: it.usage, Calendar: it.calendar})
-			if it.usage {
-				checks[len(checks)-1].FlightS = int64(s.opts.UsageTimeout / time.Second)
-			}
+				Algorithm: it.algo, Burst: it.burst, Lease: it.lease, Usage: it.usage, Calendar: it.calendar, FlightS: s.flightS})
 			consume, refund = append(consume, 0), append(refund, 0)
 		} else {
 			checks[c].Limit = min(checks[c].Limit, it.rpu)
 			checks[c].NoVeto = checks[c].NoVeto && noVeto
+			// A usage item is never leased, so the merged check is not
+			// either; and usage on a counter is never dropped with the
+			// request's other hits on it.
 			checks[c].Lease = checks[c].Lease && it.lease
-			if it.usage && !checks[c].Usage {
-				// Usage on a counter is never dropped with a request's
-				// other hits on it.
-				checks[c].Usage, checks[c].Lease = true, false
-				checks[c].FlightS = int64(s.opts.UsageTimeout / time.Second)
-			}
+			checks[c].Usage = checks[c].Usage || it.usage
 		}
 		if it.refund {
 			refund[c] += it.hits
@@ -193,10 +188,7 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 				continue
 			}
 			ch := checks[c]
-			switch {
-			case ch.Usage && ch.Hits > 0:
-				// Still charged: usage is recorded when refused.
-			case !ch.Refund:
+			if !ch.Refund && !ch.Charge() { // a charge is recorded when refused
 				ch.Hits, ch.Usage, states[c].read = 0, false, true
 			}
 			send = append(send, ch)
@@ -438,7 +430,7 @@ func hitsResult(ch *limit.Check, cs *checkState, stored bool) string {
 		return HitsLost
 	case cs.cached || cs.read:
 		return HitsRefused
-	case ch.Usage || stored && !cs.res.Over:
+	case ch.Charge() || stored && !cs.res.Over:
 		return HitsCharged
 	}
 	return HitsRefused

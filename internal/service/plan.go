@@ -144,7 +144,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 		it.kind = counted
 		it.rpu, it.unit = l.RequestsPerUnit, l.Unit
 		it.windowUS = l.Window().Microseconds()
-		if cal := l.Calendar; cal || !l.CalendarSet && s.opts.CalendarPeriods && l.CalendarEligible() && dom.RLQSKeys == nil {
+		if l.Calendar || !l.CalendarSet && s.opts.CalendarPeriods && l.CalendarEligible() && dom.RLQSKeys == nil {
 			it.calendar, it.windowUS = limit.CalendarMonth, limit.CalendarMonthUS
 			if l.Unit == config.UnitYear {
 				it.calendar, it.windowUS = limit.CalendarYear, limit.CalendarYearUS

@@ -141,6 +141,7 @@ type Service struct {
 	compatRules atomic.Pointer[compatstats.Rules]
 
 	lastFailLog atomic.Int64 // unix ns of the last fail-open log line
+	flightS     int64        // opts.UsageTimeout in seconds, as checks carry it
 }
 
 // New returns a service deciding with rules (which may be nil until
@@ -183,6 +184,7 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 		s.now = time.Now
 	}
 	s.detailed.cap = opts.DetailedMetricCap
+	s.flightS = int64(opts.UsageTimeout / time.Second)
 	s.rules.Store(rules)
 	s.compatRules.Store(opts.Compat.ForRules(rules))
 	return s

@@ -37,15 +37,6 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000, rejected_hits: nothing}
 `
 
-func budgetSnapshot(t *testing.T) *config.Snapshot {
-	t.Helper()
-	snap, err := config.Parse("budget.yaml", []byte(budgetRules))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return snap
-}
-
 // tokens is a descriptor stating its hits, as Envoy sends a route's
 // hits_addend.
 func tokens(n uint64, kv ...string) *rlcommon.RateLimitDescriptor {
@@ -74,7 +65,7 @@ func TestUsageCharges(t *testing.T) {
 					cache = overlimitcache.New(1 << 20)
 				}
 				m := metrics.New("test")
-				s := service.New(budgetSnapshot(t), st, cache, service.Options{Metrics: m})
+				s := service.New(parseRules(t, budgetRules), st, cache, service.Options{Metrics: m})
 				step := func(what string, n uint64, want string, remaining uint32) {
 					t.Helper()
 					r := call(t, s, aiRequest(tokens(n, "user", "u1")))
@@ -133,7 +124,7 @@ func TestUsageCharges(t *testing.T) {
 // from consuming.
 func TestRejectedHitsNothing(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st service.Store) {
-		s := service.New(budgetSnapshot(t), st, nil, service.Options{RejectedHits: config.RejectedNothing})
+		s := service.New(parseRules(t, budgetRules), st, nil, service.Options{RejectedHits: config.RejectedNothing})
 		call(t, s, aiRequest(tokens(900, "user", "u2")))
 		call(t, s, aiRequest(tokens(500, "user", "u2")))
 		if r := call(t, s, aiRequest(tokens(0, "user", "u2"))); codes(r) != "OK OK" || r.GetStatuses()[0].GetLimitRemaining() != 100 {
@@ -153,7 +144,7 @@ func (failingStore) Evaluate(context.Context, []limit.Check) ([]limit.Result, er
 // failure policy and is counted as lost, never silently dropped.
 func TestUsageLostCounted(t *testing.T) {
 	m := metrics.New("test")
-	s := service.New(budgetSnapshot(t), failingStore{}, nil, service.Options{Metrics: m})
+	s := service.New(parseRules(t, budgetRules), failingStore{}, nil, service.Options{Metrics: m})
 	if r := call(t, s, aiRequest(tokens(700, "user", "u3"))); codes(r) != "OK OK" {
 		t.Fatalf("fail open by default: %v", codes(r))
 	}
@@ -166,17 +157,14 @@ func TestUsageLostCounted(t *testing.T) {
 // month, a plain month 30 days from the epoch does not; --calendar-periods
 // makes a rule without the field (as over xDS) a calendar month.
 func TestCalendarPeriods(t *testing.T) {
-	snap, err := config.Parse("cal.yaml", []byte(`
+	snap := parseRules(t, `
 domain: ai
 descriptors:
   - key: billed
     rate_limit: {unit: month, requests_per_unit: 2, calendar: true}
   - key: epoch
     rate_limit: {unit: month, requests_per_unit: 2}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	end, _ := time.Parse(time.RFC3339, "2027-03-31T23:59:59Z")
 	for _, periods := range []bool{false, true} {
 		var clock atomic.Int64
@@ -204,10 +192,7 @@ descriptors:
 // TestBigBudget: a budget past 2^32 counts exactly; the response's
 // uint32 fields show their most, the headers the whole count.
 func TestBigBudget(t *testing.T) {
-	snap, err := config.Parse("big.yaml", []byte("domain: ai\ndescriptors:\n  - key: org\n    rate_limit: {unit: hour, requests_per_unit: 5000000000000}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := parseRules(t, "domain: ai\ndescriptors:\n  - key: org\n    rate_limit: {unit: hour, requests_per_unit: 5000000000000}\n")
 	forEachStore(t, func(t *testing.T, st service.Store) {
 		s := service.New(snap, st, nil, service.Options{ResponseHeaders: service.HeadersLegacy})
 		header := func(r *rlsv3.RateLimitResponse, name string) string {

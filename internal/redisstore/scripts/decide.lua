@@ -393,6 +393,7 @@ local function decide(k0, n)
         if bs or usage and consume then
           val, ex = budgetval(q, h, c, usage and consume, bs)
         elseif c > 0 then
+          -- num(c), without the call on the common path
           if c < 1e14 then val = pre[q] .. c else val = pre[q] .. num(c) end
         end
       end
