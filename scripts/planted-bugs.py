@@ -186,6 +186,7 @@ muts = [
     ("167 usage per check a mean of every charge, never following","internal/limit/limit.go","st.Charges = min(st.Charges+1, AvgCharges)","st.Charges = st.Charges + 1","./internal/limit","TestUsageMeanFollowsCharges"),
     ("168 a stored state's flights written through","internal/limit/limit.go","\t\tfl := make([]Flight, n, n+1)\n\t\tcopy(fl, st.Flights)","\t\tfl := st.Flights","./internal/limit","TestUsageFlightsNotShared"),
     ("169 diff silent on rejected_hits","cmd/ratelimitd/diff.go","\t\tadd(\"rejected_hits\", ol.RejectedHits, rl.RejectedHits)\n","","./cmd/ratelimitd","TestDiff"),
+    ("170 env-compat tracing over gRPC when no protocol is set (the incumbent's default is http)","cmd/ratelimitd/envcompat.go",'if getenv("TRACING_EXPORTER_PROTOCOL") == "" {','if false {',"./cmd/ratelimitd","TestTracingDefaults|TestTracingHTTPByDefault"),
     ("134 RLQS token bucket holds more than its grant","internal/rlqs/rlqs.go","ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens)","ss.assign(b, tokens(r.Hits+2, ttl), ttl, sentTokens)","./internal/rlqs","TestFleetBound$|TestFleetOverInstances"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]

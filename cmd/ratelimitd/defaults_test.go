@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,9 +95,11 @@ func TestIncumbentRedisUser(t *testing.T) {
 
 // TestTracingDefaults: TRACING_ENABLED without an endpoint exports to
 // OTLP's own port of the protocol on this host, as the SDK's defaults:
-// 4317 for gRPC, 4318 for HTTP.
+// 4317 for gRPC, 4318 for HTTP; and without TRACING_EXPORTER_PROTOCOL
+// over HTTP, the incumbent's default (its settings.go:
+// `TRACING_EXPORTER_PROTOCOL` default "http").
 func TestTracingDefaults(t *testing.T) {
-	for proto, want := range map[string]string{"": "localhost:4317", "grpc": "localhost:4317", "http": "localhost:4318"} {
+	for proto, want := range map[string]string{"": "localhost:4318", "grpc": "localhost:4317", "http": "localhost:4318"} {
 		s, err := parseSettings(nil, envFor("/bin/ratelimit", env(map[string]string{
 			"TRACING_ENABLED": "true", "TRACING_EXPORTER_PROTOCOL": proto, "RUNTIME_ROOT": "/r", "RUNTIME_SUBDIRECTORY": "x",
 			"USE_STATSD": "false",
@@ -106,6 +109,9 @@ func TestTracingDefaults(t *testing.T) {
 		}
 		if s.tracing.endpoint != want {
 			t.Errorf("protocol %q: endpoint %q, want %q", proto, s.tracing.endpoint, want)
+		}
+		if wantProto := map[bool]string{true: "grpc", false: "http"}[want == "localhost:4317"]; !strings.EqualFold(s.tracing.protocol, wantProto) {
+			t.Errorf("protocol %q: exporter protocol %q, want %q", proto, s.tracing.protocol, wantProto)
 		}
 	}
 }
@@ -137,4 +143,19 @@ func TestTracingSamplingRate(t *testing.T) {
 			t.Errorf("span %q of trace %s exported with TRACING_SAMPLING_RATE=0", s.span.GetName(), id)
 		}
 	}
+}
+
+// TestTracingHTTPByDefault: with TRACING_ENABLED and no
+// TRACING_EXPORTER_PROTOCOL, the spans reach an OTLP/HTTP collector, as
+// the incumbent sends them.
+func TestTracingHTTPByDefault(t *testing.T) {
+	recv := startOTLP(t, "http")
+	in := startTraced(t, recv, map[string]string{"TRACING_EXPORTER_PROTOCOL": ""})
+	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
+	const traceID = "6bf92f3577b34da6a3ce929d0e0e4736"
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+	if _, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "traced", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}}); err != nil {
+		t.Fatal(err)
+	}
+	recv.find(t, traceID, "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
 }

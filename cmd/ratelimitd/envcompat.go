@@ -128,15 +128,21 @@ func envoyproxyEnv(getenv func(string) string) (flags [][2]string, password stri
 	}
 	// TRACING_ENABLED turns tracing on, towards the collector the
 	// standard OTEL_EXPORTER_OTLP_ENDPOINT names (default: OTLP's port of
-	// the protocol on this host, as the SDK's).
+	// the protocol on this host, as the SDK's), over OTLP/HTTP unless
+	// TRACING_EXPORTER_PROTOCOL says grpc: the incumbent's settings
+	// default it to http.
 	if b, _ := strconv.ParseBool(getenv("TRACING_ENABLED")); b {
+		grpcProto := strings.EqualFold(getenv("TRACING_EXPORTER_PROTOCOL"), "grpc")
+		if getenv("TRACING_EXPORTER_PROTOCOL") == "" {
+			set("tracing-protocol", "http")
+		}
 		endpoint := getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
 		switch {
 		case endpoint != "":
-		case strings.EqualFold(getenv("TRACING_EXPORTER_PROTOCOL"), "http"):
-			endpoint = "localhost:4318"
-		default:
+		case grpcProto:
 			endpoint = "localhost:4317"
+		default:
+			endpoint = "localhost:4318"
 		}
 		set("tracing-endpoint", endpoint)
 	}

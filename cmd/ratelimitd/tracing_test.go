@@ -139,6 +139,7 @@ func startTraced(t *testing.T, recv *otlpReceiver, vars map[string]string) *inst
 		"RATELIMITD_ENV_COMPAT":       "envoyproxy",
 		"USE_STATSD":                  "false",
 		"TRACING_ENABLED":             "true",
+		"TRACING_EXPORTER_PROTOCOL":   "grpc", // the incumbent's default is http
 		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + recv.addr,
 	}
 	maps.Copy(e, vars)
