@@ -62,6 +62,9 @@ const (
 type Planner interface {
 	Rules() *config.Snapshot
 	PlanBucket(domain string, ents []*rlcommon.RateLimitDescriptor_Entry) (service.BucketPlan, error)
+	// Demand counts ShouldRateLimit's hits on the counters buckets
+	// draw on, for the RLS callers' share.
+	Demand() *service.Demand
 }
 
 // Granter takes and gives back grants (redisstore.Store, memstore.Store).
@@ -131,6 +134,29 @@ type counter struct {
 	rateSum   float64   // their measured demand, requests per second
 	remaining uint64    // after the last grant
 	validTill time.Time // remaining is of a window that ends then
+	// The demand of ShouldRateLimit's callers on it here, hits per
+	// second (rlsRate < 0 until measured), from Demand's count.
+	rlsRate  float64
+	rlsHits  uint64
+	rlsSince time.Time
+}
+
+// measureRLSLocked updates c's RLS demand from its count at now, as a
+// bucket's demand is measured: over a second at least, averaged with the
+// rate before.
+func (s *Server) measureRLSLocked(key string, c *counter, now time.Time) {
+	el := now.Sub(c.rlsSince)
+	if el < time.Second {
+		return
+	}
+	n := s.plan.Demand().Hits(key)
+	r := float64(n-c.rlsHits) / el.Seconds()
+	if c.rlsRate < 0 {
+		c.rlsRate = r
+	} else {
+		c.rlsRate = (c.rlsRate + r) / 2
+	}
+	c.rlsHits, c.rlsSince = n, now
 }
 
 // New returns a server granting from store by plan's rules.
@@ -286,15 +312,27 @@ type bucket struct {
 	pending    uint64
 	rateSince  time.Time
 	lastActive time.Time // the last report with requests
-	firstCount uint64    // requests of the first report
+	lastReport time.Time
+	firstCount uint64 // requests of the first report
 
 	// What the Envoy holds: the last strategy sent, the grant's hits
 	// and the allowed requests reported since, and when it expires.
 	sent           sent
 	granted, used  uint64
+	sentAt         time.Time // of the grant
 	expires        time.Time
 	wake           time.Time // push a grant for the next window then
 	failureAnswers bool      // the last answer was the failure mode's
+	// foreign: the Envoy may hold a token bucket another stream (another
+	// instance, before a failover or restart) assigned, so the first
+	// token bucket sent is preceded by a DENY_ALL, as a replacement is:
+	// Envoy would scale a token bucket sent over it by the old one's
+	// fill. inheritTill: until then, while the Envoy refuses nothing,
+	// what it holds serves it and nothing is sent, so that no tokens of
+	// the old grant are thrown away; past it (it may be under ALLOW_ALL
+	// rather than a grant) the bucket is granted.
+	foreign     bool
+	inheritTill time.Time
 }
 
 // NewSession opens a session, or refuses one past MaxStreams.
@@ -336,6 +374,7 @@ func (s *Server) unsubscribeLocked(b *bucket) {
 		c.rateSum -= b.contrib
 		if c.subs--; c.subs <= 0 {
 			delete(s.counters, b.subscribed)
+			s.plan.Demand().Unwatch(b.subscribed)
 		}
 	}
 	b.subscribed, b.contrib = "", 0
@@ -394,8 +433,16 @@ func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLi
 				s.m.RLQSReject("too_many_buckets")
 				continue
 			}
-			b = &bucket{key: key, id: &rlqsv3.BucketId{Bucket: maps.Clone(id)}, rate: -1, rateSince: now, lastActive: now,
+			b = &bucket{key: key, id: &rlqsv3.BucketId{Bucket: maps.Clone(id)}, rate: -1, rateSince: now, lastActive: now, lastReport: now,
 				firstCount: u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()}
+			if el := u.GetTimeElapsed().AsDuration(); el > 0 {
+				// Envoy reports a bucket new to it at once, with no time
+				// elapsed; this one it knew before this stream.
+				b.foreign, b.inheritTill = true, now.Add(2*ReportPeriod)
+				if el >= time.Second {
+					b.rate = float64(b.firstCount) / el.Seconds()
+				}
+			}
 			ss.buckets[key] = b
 			s.m.RLQSBucket(1)
 		} else {
@@ -412,7 +459,11 @@ func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLi
 			out = append(out, ss.assign(b, allowAll(), s.opts.AllowTTL, sentAllow))
 			continue
 		}
-		if !b.keep(now) && !b.needed { // a bucket reported twice is granted once
+		if now.Before(b.inheritTill) && u.GetNumRequestsDenied() == 0 {
+			continue
+		}
+		b.inheritTill = time.Time{}
+		if !ss.keep(b, now) && !b.needed { // a bucket reported twice is granted once
 			b.needed = true
 			need = append(need, b)
 		}
@@ -445,10 +496,20 @@ func (s *Server) checkID(id map[string]string) string {
 	return ""
 }
 
-// observe adds a report's counts to the bucket's demand.
+// observe adds a report's counts to the bucket's demand and to what its
+// grant spent. A report counts from the one before it: when the grant
+// was sent in between, the requests allowed before it took effect were
+// spent from the grant it replaced, so the grant is charged the part of
+// them after it was sent, as if they came evenly. Counting them all
+// made a fresh grant look half spent and replaced it early, its unused
+// tokens lost.
 func (b *bucket) observe(now time.Time, allowed, denied uint64) {
 	n := allowed + denied
+	if span := now.Sub(b.lastReport); b.sentAt.After(b.lastReport) && span > 0 {
+		allowed = uint64(math.Ceil(float64(allowed) * float64(now.Sub(b.sentAt)) / float64(span)))
+	}
 	b.used += allowed
+	b.lastReport = now
 	if n > 0 {
 		b.lastActive = now
 	}
@@ -494,7 +555,9 @@ func (ss *Session) replan(b *bucket, keys []string) error {
 	if p.Kind == service.BucketCounted {
 		c := s.counters[p.Check.Key]
 		if c == nil {
-			c = &counter{}
+			d := s.plan.Demand()
+			d.Watch(p.Check.Key)
+			c = &counter{rlsRate: -1, rlsHits: d.Hits(p.Check.Key), rlsSince: s.opts.Now()}
 			s.counters[p.Check.Key] = c
 		}
 		c.subs++
@@ -506,21 +569,34 @@ func (ss *Session) replan(b *bucket, keys []string) error {
 	return nil
 }
 
-// keep reports whether the grant the Envoy holds is to stay: unexpired,
-// with tokens left for half a report period's demand. Grants are sized
-// for two periods, so a steady demand replaces them when they run out:
-// a replaced grant's unused tokens are lost to the window (Envoy drops
-// them with the bucket, and what it spent of them in flight is unknown,
-// so they cannot be given back safely).
-func (b *bucket) keep(now time.Time) bool {
+// keep reports whether the grant the Envoy holds is to stay. A replaced
+// grant's unused tokens are lost to the window (Envoy drops them with the
+// bucket, and what it spent of them in flight is unknown, so they cannot
+// be given back safely), and a grant kept too long runs dry before the
+// next report can renew it. Which costs more depends on the counter:
+//
+//   - a grant that lasts to the Envoy's next report stays (give or take
+//     rounding: a token, or 40 % of a period's demand when that is less);
+//   - one that does not stays only while the bucket's share of what the
+//     counter has left, with what it holds, is under 90 % of its demand
+//     until the window ends, and it holds a second of demand at least:
+//     the counter will run out this window, so every token counts and
+//     what this bucket does not take the others do;
+//   - otherwise it is replaced now, before it runs dry.
+func (ss *Session) keep(b *bucket, now time.Time) bool {
 	if b.sent != sentTokens || b.granted == 0 || !now.Before(b.expires) || b.used >= b.granted {
 		return false
 	}
-	left := b.granted - b.used
+	left := float64(b.granted - b.used)
 	if b.rate < 0 {
 		return true
 	}
-	return float64(left) >= b.rate*ReportPeriod.Seconds()/2
+	need := b.rate * ReportPeriod.Seconds()
+	if left+min(1, 0.4*need) >= need {
+		return true
+	}
+	d := ss.demand(b, now)
+	return d.avail+left < 0.9*b.rate*d.windowLeft.Seconds() && left >= b.rate
 }
 
 // holds reports whether the Envoy may still hold tokens of the bucket's
@@ -529,37 +605,69 @@ func (b *bucket) holds(now time.Time) bool {
 	return b.sent == sentTokens && now.Before(b.expires) && b.granted > b.used
 }
 
-// size is how many hits to ask for: the demand of two report periods,
-// never more than the bucket's fair share of what remains of the window
-// (by its share of the demand on the counter here, at least an even
-// share), at least one.
-func (ss *Session) size(b *bucket, now time.Time) uint64 {
+// claim is a bucket's claim on what its counter has left.
+type claim struct {
+	// want is what the bucket would ask for: its demand until the report
+	// after its next one, so that a grant runs out as the one replacing
+	// it arrives.
+	want float64
+	// avail is its share of what the counter has left: its share of the
+	// demand on the counter here (its buckets' and the RLS callers'), at
+	// least an even share.
+	avail float64
+	// windowLeft is how long the counter's window has to run (0: not
+	// known).
+	windowLeft time.Duration
+}
+
+// demand returns the bucket's claim at now.
+func (ss *Session) demand(b *bucket, now time.Time) claim {
 	s := ss.srv
-	horizon := 2 * ReportPeriod.Seconds()
 	c := &b.plan.Check
+	var cl claim
 	s.mu.Lock()
 	subs, remaining, share := 1.0, c.Limit, 1.0
 	if ctr := s.counters[b.subscribed]; ctr != nil {
+		s.measureRLSLocked(b.subscribed, ctr, now)
+		rls := max(0, ctr.rlsRate)
 		subs = float64(max(1, ctr.subs))
+		if rls > 0 {
+			subs++ // the RLS callers, as one more claimant
+		}
 		share = 1 / subs
 		if now.Before(ctr.validTill) {
 			remaining = ctr.remaining
+			cl.windowLeft = ctr.validTill.Sub(now)
 		}
-		if b.rate > 0 && ctr.rateSum > 0 {
-			share = max(share, min(1, b.rate/ctr.rateSum))
+		if b.rate > 0 && ctr.rateSum+rls > 0 {
+			share = max(share, min(1, b.rate/(ctr.rateSum+rls)))
 		}
 	}
 	s.mu.Unlock()
-	var want float64
 	if b.rate >= 0 {
-		want = b.rate * horizon
+		next := max(0, b.lastReport.Add(ReportPeriod).Sub(now).Seconds())
+		cl.want = b.rate * (next + ReportPeriod.Seconds())
+		if b.rate*ReportPeriod.Seconds() < 2 {
+			// Under two requests a period, rounding to whole tokens
+			// leaves the bucket dry for most of one: a token to spare.
+			cl.want++
+		}
 	} else {
-		// Not measured yet: the bucket's even share of the rule's rate,
-		// and at least what its first report asked for.
-		want = max(float64(b.firstCount), float64(c.Limit)*horizon/(float64(c.WindowUS)/1e6)/subs)
+		// Not measured yet: the bucket's even share of the rule's rate
+		// over two report periods, and at least what its first report
+		// asked for.
+		cl.want = max(float64(b.firstCount), float64(c.Limit)*2*ReportPeriod.Seconds()/(float64(c.WindowUS)/1e6)/subs)
 	}
-	n := uint64(min(math.Ceil(want), float64(limit.MaxHits)))
-	return max(1, min(n, uint64(float64(remaining)*share)))
+	cl.avail = float64(remaining) * share
+	return cl
+}
+
+// size is how many hits to ask for: what the bucket wants, never more
+// than its share of what remains, at least one.
+func (ss *Session) size(b *bucket, now time.Time) uint64 {
+	d := ss.demand(b, now)
+	n := uint64(min(math.Ceil(d.want), float64(limit.MaxHits)))
+	return max(1, min(n, uint64(d.avail)))
 }
 
 // grant takes grants for need in one store call and returns the actions
@@ -598,30 +706,33 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 			s.noteRemaining(b.subscribed, r.Remaining, now.Add(reset))
 		}
 		switch {
-		case r.Hits == 0 && b.holds(now):
-			// Nothing is left to grant, but the Envoy still holds tokens
-			// charged to the counter: a DENY_ALL would throw them away.
-			// They run out on their TTL (a strict config denies after);
-			// the next window's grant comes at its start.
-			s.m.RLQSGrant("empty", 0)
-			b.wake = now.Add(max(reset, time.Second))
-		case r.Hits == 0:
-			s.m.RLQSGrant("empty", 0)
-			out = append(out, ss.denyUntil(b, now, reset))
-		case ttl < time.Second:
-			// Too near the window's end to hand out: give the hits back
-			// and deny until the next window's grant.
-			s.m.RLQSGrant("returned", r.Hits)
-			op := ops[i]
-			op.Check.Hits, op.GiveBack, op.WindowEndUS = r.Hits, true, r.WindowEndUS
-			back = append(back, op)
+		case r.Hits == 0 || ttl < time.Second:
+			if r.Hits == 0 {
+				s.m.RLQSGrant("empty", 0)
+			} else {
+				// Too near the window's end to hand out: give the hits
+				// back.
+				s.m.RLQSGrant("returned", r.Hits)
+				op := ops[i]
+				op.Check.Hits, op.GiveBack, op.WindowEndUS = r.Hits, true, r.WindowEndUS
+				back = append(back, op)
+			}
+			if b.holds(now) {
+				// The Envoy still holds tokens charged to the counter: a
+				// DENY_ALL would throw them away. They run out on their
+				// TTL (a strict config denies after); the next window's
+				// grant comes at its start.
+				b.wake = now.Add(max(reset, time.Second))
+				break
+			}
+			// Deny until the next window's grant.
 			out = append(out, ss.denyUntil(b, now, reset))
 		default:
 			s.m.RLQSGrant("taken", r.Hits)
-			if b.sent == sentTokens {
+			if b.sent == sentTokens || b.foreign {
 				// What the replaced grant had left by the Envoy's last
 				// report: an upper bound of the hits it never spent.
-				if b.granted > b.used {
+				if b.holds(now) {
 					s.m.RLQSGrantLost(b.granted - b.used)
 				}
 				// A token bucket replacing one would carry the old
@@ -629,7 +740,7 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 				out = append(out, ss.assign(b, denyAll(), ttl, sentDeny))
 			}
 			out = append(out, ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens))
-			b.granted, b.used, b.expires = r.Hits, 0, now.Add(ttl)
+			b.granted, b.used, b.sentAt, b.expires = r.Hits, 0, now, now.Add(ttl)
 			if windowed {
 				b.wake = now.Add(reset)
 			}
@@ -699,7 +810,7 @@ func (ss *Session) Wake(ctx context.Context, now time.Time) *rlqsv3.RateLimitQuo
 			continue
 		}
 		b.wake = time.Time{}
-		if b.plan.Kind == service.BucketCounted && now.Sub(b.lastActive) < ss.srv.opts.IdleAfter && !b.keep(now) {
+		if b.plan.Kind == service.BucketCounted && now.Sub(b.lastActive) < ss.srv.opts.IdleAfter && !ss.keep(b, now) {
 			need = append(need, b)
 		}
 	}
@@ -749,7 +860,7 @@ func (ss *Session) abandonIdle(now time.Time) []*rlqsv3.RateLimitQuotaResponse_B
 
 // assign returns the action putting strategy in force on b for ttl.
 func (ss *Session) assign(b *bucket, strategy *typev3.RateLimitStrategy, ttl time.Duration, kind sent) *rlqsv3.RateLimitQuotaResponse_BucketAction {
-	b.sent = kind
+	b.sent, b.foreign = kind, false
 	if kind != sentTokens {
 		b.granted, b.used = 0, 0
 	}

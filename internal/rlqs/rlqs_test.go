@@ -11,6 +11,7 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
@@ -421,9 +422,10 @@ func TestShareFollowsStreams(t *testing.T) {
 	}
 }
 
-// TestGrantFollowsDemand: grants are the measured demand over two report
-// periods (the first measurement taken as is, later ones averaged), and
-// a grant with half a period of demand left is kept, not replaced.
+// TestGrantFollowsDemand: grants are the measured demand until the report
+// after next (the first measurement taken as is, later ones averaged); a
+// grant lasting to the next report is kept, and so is one with a second
+// of demand left on a counter that runs out before its window ends.
 func TestGrantFollowsDemand(t *testing.T) {
 	now := t0.Add(time.Second)
 	srv, m := unitServer(t, `domain: d
@@ -458,11 +460,18 @@ descriptors:
 		t.Fatalf("lost hits %v after grants spent whole", got)
 	}
 	now = now.Add(5 * time.Second)
-	if got := granted(step(30_000, 0)); got != 48_750 { // (3750/s + 6000/s) / 2; 7500 left is under half a period
-		t.Fatalf("grant at 4875/s: %d, want 48750", got)
+	// 7500 left, under a period at (3750/s + 6000/s) / 2 = 4875/s; but at
+	// that rate the hour's 3.6M run out in 12 minutes, so every token
+	// counts: the grant is kept (replacing it would throw its 7500 away).
+	if resp := step(30_000, 0); resp != nil {
+		t.Fatalf("a grant holding a second of demand was replaced on a counter that runs out: %v", actions(resp))
 	}
-	if got := testutil.ToFloat64(m.RLQSGrantHits.WithLabelValues("lost")); got != 7_500 {
-		t.Errorf("lost hits %v, want the 7500 the replaced grant had left", got)
+	now = now.Add(5 * time.Second)
+	if got := granted(step(7_500, 20_000)); got != 51_875 { // spent: (4875/s + 5500/s) / 2
+		t.Fatalf("grant at 5187.5/s: %d, want 51875", got)
+	}
+	if got := testutil.ToFloat64(m.RLQSGrantHits.WithLabelValues("lost")); got != 0 {
+		t.Errorf("lost hits %v, want none: the replaced grant was spent", got)
 	}
 }
 
@@ -620,5 +629,88 @@ func TestHeldTokensNotRevoked(t *testing.T) {
 	// b has spent its tokens: it holds nothing, and is denied.
 	if got := actions(counts(t, b, now.Add(time.Second), "edge", id, 417, 0)); !strings.HasPrefix(got, "deny/") {
 		t.Errorf("b with nothing held: %q, want a DENY_ALL until the window ends", got)
+	}
+}
+
+// elapsed reports one usage of id on ss at now, as a periodic report
+// (time_elapsed 5 s) of a bucket the Envoy knew before: the first report
+// of a bucket new to it has none.
+func elapsed(t *testing.T, ss *rlqs.Session, now time.Time, id map[string]string, allowed, denied uint64) *rlqsv3.RateLimitQuotaResponse {
+	t.Helper()
+	r := report("edge", id)
+	u := r.BucketQuotaUsages[0]
+	u.NumRequestsAllowed, u.NumRequestsDenied, u.TimeElapsed = allowed, denied, durationpb.New(rlqs.ReportPeriod)
+	resp, err := ss.Report(context.Background(), now, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// TestForeignBucket: a bucket a stream first hears of in a periodic
+// report (failover, restart, reconnect) may hold a token bucket another
+// instance granted. While it refuses nothing, that serves it and nothing
+// is sent (a DENY_ALL would throw its tokens away, a token bucket sent
+// over it would be scaled by its fill); once it refuses requests, or two
+// report periods on (it may be under ALLOW_ALL), it gets a DENY_ALL and
+// then its grant, so it holds exactly the grant.
+func TestForeignBucket(t *testing.T) {
+	now := t0.Add(time.Second)
+	a, b := twoSessions(t, kindsRules, &now)
+	id := map[string]string{"tenant": "acme", "route": "login"} // 1000 a minute
+	if got := actions(elapsed(t, a, now, id, 50, 0)); got != "" {
+		t.Fatalf("a foreign bucket served by what it holds: %q, want nothing sent", got)
+	}
+	resp := elapsed(t, a, now.Add(5*time.Second), id, 50, 3)
+	if got := actions(resp); !strings.HasPrefix(got, "deny/") || !strings.Contains(got, " tokens/") {
+		t.Fatalf("a foreign bucket refusing requests: %q, want a DENY_ALL then a token bucket", got)
+	}
+	// Its demand is measured from its first report (50 in 5 s), averaged
+	// with the second (53 in 5 s): 10.3 a second, over two periods.
+	if got := granted(resp); got != 103 {
+		t.Errorf("a foreign bucket's grant %d, want 103", got)
+	}
+	// Its next grant replaces one this stream sent: the usual way.
+	if got := actions(elapsed(t, a, now.Add(10*time.Second), id, 20, 0)); got != "" {
+		t.Fatalf("a grant of this stream with plenty left: %q, want it kept", got)
+	}
+
+	for i := range 2 {
+		if got := actions(elapsed(t, b, now.Add(time.Duration(i)*rlqs.ReportPeriod), id, 10, 0)); got != "" {
+			t.Fatalf("report %d of a foreign bucket refusing nothing: %q, want nothing sent", i, got)
+		}
+	}
+	if got := actions(elapsed(t, b, now.Add(2*rlqs.ReportPeriod), id, 10, 0)); !strings.HasPrefix(got, "deny/") || !strings.Contains(got, " tokens/") {
+		t.Fatalf("a foreign bucket two report periods on: %q, want a DENY_ALL then a token bucket", got)
+	}
+
+	// A bucket new to the Envoy (no time elapsed) is granted at once,
+	// without a DENY_ALL: it holds nothing.
+	fresh := map[string]string{"tenant": "beta"} // 100 an hour
+	if got := actions(counts(t, a, now, "edge", fresh, 1, 0)); !strings.HasPrefix(got, "tokens/") {
+		t.Fatalf("a bucket new to the Envoy: %q, want a token bucket alone", got)
+	}
+}
+
+// TestNoDenyOverHeldTokensAtWindowEnd: a grant asked for too near the
+// window's end to hand out is given back; a bucket that still holds
+// tokens is then left to spend them (a DENY_ALL would throw them away),
+// one that holds none is denied until the next window.
+func TestNoDenyOverHeldTokensAtWindowEnd(t *testing.T) {
+	now := t0.Add(time.Second)
+	a, _ := twoSessions(t, kindsRules, &now)
+	id := map[string]string{"tenant": "acme", "route": "login"} // 1000 a minute
+	if got := granted(counts(t, a, now, "edge", id, 1, 0)); got == 0 {
+		t.Fatal("no first grant")
+	}
+	// 7 of the 167 left at 1.5 s before the window ends, spending 180 a
+	// second: asked for too late to hand out (under the margin and a
+	// second), the grant is given back.
+	now = t0.Add(time.Minute - 1500*time.Millisecond)
+	if got := actions(counts(t, a, now, "edge", id, 160, 10_000)); got != "" {
+		t.Fatalf("a bucket running short near the window's end, tokens held: %q, want no action", got)
+	}
+	if got := actions(counts(t, a, now.Add(100*time.Millisecond), "edge", id, 7, 100)); !strings.HasPrefix(got, "deny/") {
+		t.Fatalf("the same bucket with nothing held: %q, want a DENY_ALL to the window's end", got)
 	}
 }

@@ -33,6 +33,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -143,6 +144,14 @@ type Stats struct {
 	// Reports and Dropped count report messages sent and dropped (no
 	// stream); Dials the streams opened; Responses the responses applied.
 	Reports, Dropped, Dials, Responses int
+	// What assignments did to tokens a bucket held. Revoked: tokens a
+	// blanket rule dropped, not replaced by a token bucket in the same
+	// response. Replaced: tokens dropped by a blanket rule the same
+	// response follows with a token bucket (the server replacing a
+	// grant). ScaledAway: the part of a token bucket's max_tokens the
+	// bucket did not get, applied over another token bucket.
+	// Parts of a token count for nothing: they admit nothing.
+	Revoked, Replaced, ScaledAway float64
 }
 
 type event struct {
@@ -384,6 +393,12 @@ func (e *Envoy) drain() bool {
 
 // respond applies one response's actions in order, as the filter does.
 func (e *Envoy) respond(resp *rlqsv3.RateLimitQuotaResponse) {
+	dropped := map[string]float64{} // by a blanket rule, for the stats
+	defer func() {
+		for _, n := range dropped {
+			e.stats.Revoked += n
+		}
+	}()
 	for _, a := range resp.GetBucketAction() {
 		id := a.GetBucketId().GetBucket()
 		if len(id) == 0 {
@@ -405,6 +420,13 @@ func (e *Envoy) respond(resp *rlqsv3.RateLimitQuotaResponse) {
 			continue // requests_per_time_unit, or no strategy: ignored
 		}
 		ttl := time.Duration(a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().GetSeconds()) * time.Second
+		if s.GetTokenBucket() != nil {
+			e.stats.Replaced += dropped[key]
+			delete(dropped, key)
+		} else if b.tb != nil && b.action.GetTokenBucket() != nil {
+			b.tb.refill(e.now)
+			dropped[key] += math.Floor(b.tb.tokens) // a part of a token admits nothing
+		}
 		e.apply(b, s, e.now, ttl)
 		b.fallback = false
 	}
@@ -424,6 +446,7 @@ func (e *Envoy) apply(b *bucket, s *typev3.RateLimitStrategy, now time.Time, ttl
 			if old != nil && b.tb != nil && b.tb.max > 0 {
 				b.tb.refill(now)
 				nb.tokens = nb.max * b.tb.tokens / b.tb.max
+				e.stats.ScaledAway += nb.max - math.Floor(nb.tokens)
 			}
 			b.tb = nb
 		}

@@ -67,6 +67,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 	s.plan(req, dom, items)
 
 	checks, states := s.buildChecks(req, items)
+	s.demand.note(checks)
 	if len(checks) > 0 {
 		if err := s.evaluate(ctx, checks, states); err != nil {
 			return nil, err

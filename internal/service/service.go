@@ -140,6 +140,7 @@ type Service struct {
 	detailed    detailedLabels
 	compatRules atomic.Pointer[compatstats.Rules]
 
+	demand      Demand
 	lastFailLog atomic.Int64 // unix ns of the last fail-open log line
 	flightS     int64        // opts.UsageTimeout in seconds, as checks carry it
 }
@@ -189,6 +190,9 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	s.compatRules.Store(opts.Compat.ForRules(rules))
 	return s
 }
+
+// Demand counts the hits asked for on the counters it watches.
+func (s *Service) Demand() *Demand { return &s.demand }
 
 // SetRules puts a new snapshot in force for the requests that start after
 // it returns, and empties the over-limit cache: a changed limit makes its
