@@ -85,10 +85,10 @@ func TestSchemaAgainstFiles(t *testing.T) {
 
 // TestSchemaNamesEveryField keeps the schema and the parser's allow-lists
 // in step: every field the parser knows is in the schema and documented in
-// the README.
+// docs/rules.md.
 func TestSchemaNamesEveryField(t *testing.T) {
 	schema, _ := os.ReadFile("rules.schema.json")
-	readme, _ := os.ReadFile("../README.md")
+	readme, _ := os.ReadFile("../docs/rules.md")
 	for _, field := range []string{"domain", "descriptors", "key", "value", "rate_limit", "shadow_mode", "quota_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "metadata", "failure_mode", "unit",
 		"requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "lease", "rejected_hits", "rlqs", "calendar"} {
@@ -96,7 +96,7 @@ func TestSchemaNamesEveryField(t *testing.T) {
 			t.Errorf("schema lacks %q", field)
 		}
 		if !strings.Contains(string(readme), field+":") {
-			t.Errorf("README rules reference lacks %q", field)
+			t.Errorf("docs/rules.md lacks %q", field)
 		}
 	}
 }

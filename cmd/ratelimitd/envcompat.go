@@ -28,7 +28,7 @@ type envSetting struct {
 
 // envoyproxySettings are the incumbent's variables and what becomes of
 // each. Those read together (Redis address, runtime directory, listen
-// addresses) are handled in envoyproxyEnv; the README lists them all.
+// addresses) are handled in envoyproxyEnv; docs/migrating.md lists them all.
 var envoyproxySettings = []envSetting{
 	{name: "LOCAL_CACHE_SIZE_IN_BYTES", flag: "local-cache-size"},
 	{name: "CACHE_KEY_PREFIX", flag: "key-prefix"},

@@ -158,7 +158,7 @@ func TestHotReloadBombs(t *testing.T) {
 	if resetPeak && !raceEnabled {
 		peak := procKB(t, "VmHWM")
 		t.Logf("RSS: %d MB before the bombs, peak %d MB", startRSS>>10, peak>>10)
-		// The bound the README states: refusing a file costs the server
+		// The bound docs/rules.md states: refusing a file costs the server
 		// under 300 MB at peak (config.MaxYAMLNodes and the walk budget).
 		if grew := peak - startRSS; grew > 300<<10 {
 			t.Errorf("peak RSS grew by %d MB while refusing the bombs", grew>>10)

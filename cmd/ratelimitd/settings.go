@@ -126,7 +126,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&s.xds.backoffMax, "xds-backoff-max", xds.DefaultBackoffMax, "longest wait before opening the stream to --xds-server again")
 	fs.BoolVar(&s.xds.startWithoutRules, "xds-start-without-rules", false, "serve before --xds-server sent the first valid rules (answered as --xds-before-rules says meanwhile) instead of waiting for them")
 	fs.StringVar(&s.xds.beforeRules, "xds-before-rules", "unavailable", "with --xds-start-without-rules, the answer until the first rules arrive: unavailable (gRPC UNAVAILABLE, HTTP 503: Envoy's failure_mode_deny decides, as with envoyproxy/ratelimit) or ok (every request OK, no limit)")
-	fs.StringVar(&s.envCompat, "env-compat", "", "read another rate limiter's environment variables beneath ratelimitd's own flags and variables: envoyproxy (see the README's table; the default when the binary runs as ratelimit) or none")
+	fs.StringVar(&s.envCompat, "env-compat", "", "read another rate limiter's environment variables beneath ratelimitd's own flags and variables: envoyproxy (see docs/migrating.md; the default when the binary runs as ratelimit) or none")
 	fs.BoolVar(&s.mergeDomains, "merge-domains", false, "merge rules files that share a domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); a descriptor two files define is an error")
 	fs.StringVar(&s.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://); empty: the embedded in-memory store, limits per process")
 	fs.StringVar(&s.redisPerSecondURL, "redis-persecond-url", "", "a second Redis for the counters of one-second windows (envoyproxy/ratelimit's REDIS_PERSECOND), with --redis-url's mode, TLS files and timeouts; a request spanning both stays all or nothing")

@@ -204,7 +204,7 @@ func run(s strategy, arr [][]int) (admitted, offered []int) {
 }
 
 // TestSimulation compares the strategies on the brief's scenario and
-// prints the table the README quotes: periodic sync overshoots more the
+// prints the table docs/rules.md quotes: periodic sync overshoots more the
 // longer its period, a static split wrongly blocks under skew, leases
 // never pass the limit and admit nearly all of what they may, even or
 // skewed.
