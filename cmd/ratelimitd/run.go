@@ -73,12 +73,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	}
 
 	m := metrics.New(version)
-	compat, err := newCompatStats(s, m, log)
+	compat, err := newCompatStats(ctx, s, getenv, m, log)
 	if err != nil {
 		return err
 	}
 	var flusher sync.WaitGroup
-	flusher.Go(compat.Run)
+	flusher.Go(func() { compat.Run(ctx) })
 	defer func() {
 		compat.Close()
 		flusher.Wait()
@@ -410,7 +410,7 @@ func serveAside(flag, addr string, h http.Handler, log *slog.Logger) (stop func(
 
 // newCompatStats makes the counters of envoyproxy/ratelimit's stats when
 // a sink wants them (--statsd-addr, --compat-metrics-addr), else nil.
-func newCompatStats(s *settings, m *metrics.Metrics, log *slog.Logger) (*compatstats.Stats, error) {
+func newCompatStats(ctx context.Context, s *settings, getenv func(string) string, m *metrics.Metrics, log *slog.Logger) (*compatstats.Stats, error) {
 	st := &s.stats
 	if st.statsdAddr == "" && st.compatAddr == "" {
 		return nil, nil
@@ -419,7 +419,7 @@ func newCompatStats(s *settings, m *metrics.Metrics, log *slog.Logger) (*compats
 	opts := compatstats.Options{
 		StatsdAddr: st.statsdAddr, StatsdProtocol: st.statsdProtocol, DogStatsd: st.dogstatsd, Mogrifiers: st.mogrifiers,
 		Tags: tags, FlushInterval: st.flushInterval,
-		Prometheus: st.compatAddr != "", NearLimitRatio: s.nearLimitRatio, OnSinkError: m.StatsSinkError, Logger: log,
+		Prometheus: st.compatAddr != "", NearLimitRatio: s.nearLimitRatio, OnSinkError: m.StatsSinkError, Logger: log, Getenv: getenv,
 	}
 	if st.mapper != "" {
 		b, err := os.ReadFile(st.mapper)
@@ -428,7 +428,7 @@ func newCompatStats(s *settings, m *metrics.Metrics, log *slog.Logger) (*compats
 		}
 		opts.Mapping = string(b)
 	}
-	c, err := compatstats.New(opts)
+	c, err := compatstats.New(ctx, opts)
 	switch {
 	case err != nil && st.mapper != "":
 		return nil, fmt.Errorf("--compat-metrics-mapper %s: %w", st.mapper, err)

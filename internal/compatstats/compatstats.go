@@ -13,6 +13,7 @@
 package compatstats
 
 import (
+	"context"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -89,6 +90,10 @@ type Options struct {
 	OnSinkError func(sink string)
 	// Logger receives sink failures, at most one line a minute per sink.
 	Logger *slog.Logger
+	// Getenv reads the environment gostats' statsd sink reads by itself
+	// (GOSTATS_*, USE_STATSD, STATSD_PORT), so that a value it cannot
+	// parse is an error here rather than its panic. Nil means os.Getenv.
+	Getenv func(string) string
 }
 
 // Stats holds the counters and the sinks. A nil *Stats counts nothing.
@@ -127,8 +132,9 @@ type Stats struct {
 var ErrAddress = errors.New("statsd address")
 
 // New validates opts, connects nothing yet (a statsd server that is down
-// only loses stats, counted), and returns the counters. Stop with Close.
-func New(opts Options) (*Stats, error) {
+// only loses stats, counted), and returns the counters. ctx bounds the
+// statsd address's name lookup. Stop with Close.
+func New(ctx context.Context, opts Options) (*Stats, error) {
 	if opts.FlushInterval <= 0 {
 		opts.FlushInterval = DefaultFlushInterval
 	}
@@ -144,9 +150,12 @@ func New(opts Options) (*Stats, error) {
 	if opts.Mapping == "" {
 		opts.Mapping = defaultMapping
 	}
+	if opts.Getenv == nil {
+		opts.Getenv = os.Getenv
+	}
 	s := &Stats{opts: opts, nearRatio: opts.NearLimitRatio, unknown: map[string]gostats.Counter{}, flushCancel: make(chan struct{})}
 	if opts.StatsdAddr != "" {
-		sink, err := s.newStatsd()
+		sink, err := s.newStatsd(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -191,7 +200,7 @@ var gostatsEnv = []struct {
 	{"GOSTATS_LOGGING_SINK_DISABLED", func(v string) error { _, err := strconv.ParseBool(v); return err }},
 }
 
-func (s *Stats) newStatsd() (gostats.FlushableSink, error) {
+func (s *Stats) newStatsd(ctx context.Context) (gostats.FlushableSink, error) {
 	host, portText, err := net.SplitHostPort(s.opts.StatsdAddr)
 	if err != nil {
 		return nil, fmt.Errorf("%w %q: %w", ErrAddress, s.opts.StatsdAddr, err)
@@ -203,7 +212,7 @@ func (s *Stats) newStatsd() (gostats.FlushableSink, error) {
 	if host == "" {
 		host = "localhost"
 	}
-	if _, err := net.LookupHost(host); err != nil {
+	if _, err := net.DefaultResolver.LookupHost(ctx, host); err != nil {
 		return nil, fmt.Errorf("%w %q: %w", ErrAddress, s.opts.StatsdAddr, err)
 	}
 	proto := strings.ToLower(s.opts.StatsdProtocol)
@@ -220,7 +229,7 @@ func (s *Stats) newStatsd() (gostats.FlushableSink, error) {
 		return nil, fmt.Errorf("statsd protocol %q: want tcp or udp", s.opts.StatsdProtocol)
 	}
 	for _, e := range gostatsEnv {
-		if v := os.Getenv(e.name); v != "" {
+		if v := s.opts.Getenv(e.name); v != "" {
 			if err := e.ok(v); err != nil {
 				return nil, fmt.Errorf("statsd: %s=%q: %w", e.name, v, err)
 			}
@@ -317,8 +326,8 @@ func (s *Stats) responseObserver() error {
 	return nil
 }
 
-// Run flushes every interval until Close.
-func (s *Stats) Run() {
+// Run flushes every interval until ctx is done or Close.
+func (s *Stats) Run(ctx context.Context) {
 	if s == nil {
 		return
 	}
@@ -326,6 +335,8 @@ func (s *Stats) Run() {
 	defer t.Stop()
 	for {
 		select {
+		case <-ctx.Done():
+			return
 		case <-s.flushCancel:
 			return
 		case <-t.C:

@@ -1,6 +1,7 @@
 package compatstats
 
 import (
+	"context"
 	"errors"
 	"net"
 	"strings"
@@ -97,7 +98,7 @@ descriptors:
 // TestNameCap: request values add at most NameCap names per rule; later
 // ones count under the rule's own path, overrides not at all.
 func TestNameCap(t *testing.T) {
-	s, err := New(Options{NameCap: 3})
+	s, err := New(context.Background(), Options{NameCap: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,18 +142,29 @@ func TestBadSinks(t *testing.T) {
 		{StatsdAddr: "localhost"},
 		{StatsdAddr: "localhost:8125", StatsdProtocol: "sctp"},
 	} {
-		if _, err := New(o); err == nil {
+		if _, err := New(context.Background(), o); err == nil {
 			t.Errorf("%+v: no error", o)
 		}
 	}
-	if _, err := New(Options{StatsdAddr: "no-such-host.invalid:8125"}); !errors.Is(err, ErrAddress) {
+	// gostats' own variables are read through Options.Getenv, not the
+	// process's environment.
+	bad := func(name string) string {
+		if name == "GOSTATS_FLUSH_INTERVAL_SECONDS" {
+			return "soon"
+		}
+		return ""
+	}
+	if _, err := New(context.Background(), Options{StatsdAddr: "localhost:8125", Getenv: bad}); err == nil || !strings.Contains(err.Error(), "GOSTATS_FLUSH_INTERVAL_SECONDS") {
+		t.Errorf("a bad GOSTATS_FLUSH_INTERVAL_SECONDS from Getenv: %v, want an error naming it", err)
+	}
+	if _, err := New(context.Background(), Options{StatsdAddr: "no-such-host.invalid:8125"}); !errors.Is(err, ErrAddress) {
 		t.Errorf("unresolvable address: %v, want ErrAddress", err)
 	}
-	if _, err := New(Options{Prometheus: true, Mapping: "mappings:\n  - match: [\n"}); err == nil || !strings.Contains(err.Error(), "statsd_exporter mapping") {
+	if _, err := New(context.Background(), Options{Prometheus: true, Mapping: "mappings:\n  - match: [\n"}); err == nil || !strings.Contains(err.Error(), "statsd_exporter mapping") {
 		t.Errorf("bad mapping: %v", err)
 	}
 	// The incumbent's own file says timer_type: it is read.
-	s, err := New(Options{Prometheus: true, Mapping: "mappings:\n  - match: \"ratelimit_server.*.response_time\"\n    name: \"rt\"\n    timer_type: histogram\n    labels: {grpc_method: \"$1\"}\n"})
+	s, err := New(context.Background(), Options{Prometheus: true, Mapping: "mappings:\n  - match: \"ratelimit_server.*.response_time\"\n    name: \"rt\"\n    timer_type: histogram\n    labels: {grpc_method: \"$1\"}\n"})
 	if err != nil {
 		t.Fatalf("mapping with timer_type: %v", err)
 	}
@@ -205,12 +217,12 @@ func TestStuckSink(t *testing.T) {
 
 	for _, addr := range []string{lis.Addr().String(), deadAddr} {
 		var errs atomic.Int64
-		s, err := New(Options{StatsdAddr: addr, FlushInterval: 5 * time.Millisecond, OnSinkError: func(string) { errs.Add(1) }})
+		s, err := New(context.Background(), Options{StatsdAddr: addr, FlushInterval: 5 * time.Millisecond, OnSinkError: func(string) { errs.Add(1) }})
 		if err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan struct{})
-		go func() { s.Run(); close(done) }()
+		go func() { s.Run(context.Background()); close(done) }()
 		snap, _ := config.Parse("t", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10}\n"))
 		rs := s.ForRules(snap)
 		r := snap.Domain("d").Match(entries("k", "v"))
@@ -257,7 +269,7 @@ func BenchmarkCount(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer pc.Close()
-	s, err := New(Options{StatsdAddr: pc.LocalAddr().String(), StatsdProtocol: "udp", Prometheus: true})
+	s, err := New(context.Background(), Options{StatsdAddr: pc.LocalAddr().String(), StatsdProtocol: "udp", Prometheus: true})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -278,7 +290,7 @@ func BenchmarkCount(b *testing.B) {
 // TestCounting: the incumbent's arithmetic for requests of several hits
 // that cross the near-limit threshold or the limit.
 func TestCounting(t *testing.T) {
-	s, err := New(Options{})
+	s, err := New(context.Background(), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +320,7 @@ func TestCounting(t *testing.T) {
 // millisecond timer as ratelimit_service_response_time_seconds in
 // seconds: four requests of 250 µs sum to 1 ms, not to 1 "second".
 func TestResponseTimeSeconds(t *testing.T) {
-	s, err := New(Options{Prometheus: true})
+	s, err := New(context.Background(), Options{Prometheus: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +356,7 @@ func TestResponseTimeSeconds(t *testing.T) {
 // would break a statsd line, become '_').
 func TestNearLimitRatioAndSanitize(t *testing.T) {
 	for ratio, wantNear := range map[float64]uint64{1: 0, 1.5: 1, 0.8: 1} {
-		s, err := New(Options{NearLimitRatio: ratio})
+		s, err := New(context.Background(), Options{NearLimitRatio: ratio})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -341,7 +341,7 @@ func (s *Server) NewSession() (*Session, error) {
 	defer s.mu.Unlock()
 	if s.streams >= s.opts.MaxStreams {
 		s.m.RLQSReject("too_many_streams")
-		return nil, fmt.Errorf("%w: %d open, the most --rlqs-max-streams allows", ErrTooManyStreams, s.streams)
+		return nil, fmt.Errorf("%w: %d open, the most Options.MaxStreams allows", ErrTooManyStreams, s.streams)
 	}
 	s.streams++
 	s.m.RLQSStream(1)

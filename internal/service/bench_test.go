@@ -84,7 +84,7 @@ func BenchmarkIncumbentStats(b *testing.B) {
 		b.Run(fmt.Sprintf("stats=%v", on), func(b *testing.B) {
 			var compat *compatstats.Stats
 			if on {
-				if compat, err = compatstats.New(compatstats.Options{StatsdAddr: pc.LocalAddr().String(), StatsdProtocol: "udp", Prometheus: true}); err != nil {
+				if compat, err = compatstats.New(context.Background(), compatstats.Options{StatsdAddr: pc.LocalAddr().String(), StatsdProtocol: "udp", Prometheus: true}); err != nil {
 					b.Fatal(err)
 				}
 				defer compat.Close()

@@ -18,7 +18,7 @@ import (
 // the incumbent's over_limit and over_limit_with_local_cache, and the
 // global shadow mode's answers in global_shadow_mode.
 func TestLocalCacheStats(t *testing.T) {
-	compat, err := compatstats.New(compatstats.Options{Prometheus: true})
+	compat, err := compatstats.New(context.Background(), compatstats.Options{Prometheus: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -174,8 +174,13 @@ func (t *Tracing) Tracer() trace.Tracer {
 }
 
 // Start begins a server span named name, child of the trace context that
-// carrier holds (none, or a malformed one: a new trace).
+// carrier holds (none, or a malformed one: a new trace). On a nil
+// Tracing it begins nothing: the span is the context's, a no-op one
+// when it has none.
 func (t *Tracing) Start(ctx context.Context, name string, carrier propagation.TextMapCarrier) (context.Context, trace.Span) {
+	if t == nil {
+		return ctx, trace.SpanFromContext(ctx)
+	}
 	ctx = t.propagator.Extract(ctx, carrier)
 	return t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer))
 }

@@ -123,7 +123,7 @@ func Run(ctx context.Context, o Options) error {
 			MinConnectTimeout: 5 * time.Second,
 		}))
 	if err != nil {
-		return fmt.Errorf("xds: --xds-server %q: %w", o.Server, err)
+		return fmt.Errorf("xds: server %q: %w", o.Server, err)
 	}
 	defer conn.Close()
 	node, err := nodeOf(o.NodeID, o.NodeMetadata)
