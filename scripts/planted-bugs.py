@@ -200,6 +200,7 @@ muts = [
     ("181 a docs link to a heading that is not there","docs/configuration.md","(rules.md#rules-over-xds)","(rules.md#rules-over-xdz)","./docs","TestLinks"),
     ("182 a nil Tracing's Start dereferences it","internal/tracing/tracing.go","\tif t == nil {\n\t\treturn ctx, trace.SpanFromContext(ctx)\n\t}\n","","./internal/tracing","TestNilTracesNothing"),
     ("183 gostats' variables read from the process, not Options.Getenv","internal/compatstats/compatstats.go","if v := s.opts.Getenv(e.name); v != \"\" {","if v := os.Getenv(e.name); v != \"\" {","./internal/compatstats","TestBadSinks"),
+    ("184 an RLQS report reads the rules twice","internal/rlqs/session.go","ss.srv.plan.PlanBucketIn(rules, ss.domain, ents)","ss.srv.plan.PlanBucketIn(ss.srv.plan.Rules(), ss.domain, ents)","./internal/rlqs","TestOneSnapshotPerReport"),
     ("134 RLQS token bucket holds more than its grant","internal/rlqs/rlqs.go","ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens)","ss.assign(b, tokens(r.Hits+2, ttl), ttl, sentTokens)","./internal/rlqs","TestFleetBound$|TestFleetOverInstances"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]

@@ -714,3 +714,45 @@ func TestNoDenyOverHeldTokensAtWindowEnd(t *testing.T) {
 		t.Fatalf("the same bucket with nothing held: %q, want a DENY_ALL to the window's end", got)
 	}
 }
+
+// reloading is a planner whose rules are replaced right after a report
+// reads them, as a reload racing the report would.
+type reloading struct {
+	*service.Service
+	next *config.Snapshot
+}
+
+func (r *reloading) Rules() *config.Snapshot {
+	cur := r.Service.Rules()
+	if r.next != nil {
+		r.Service.SetRules(r.next)
+		r.next = nil
+	}
+	return cur
+}
+
+// TestOneSnapshotPerReport: a report reads the rules once; the domain's
+// rlqs keys and the buckets' rules come from the same snapshot, so a
+// reload between them cannot pair one set's keys with another's rules.
+func TestOneSnapshotPerReport(t *testing.T) {
+	parse := func(body string) *config.Snapshot {
+		snap, err := config.Parse("rules.yaml", []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap
+	}
+	before := parse("domain: edge\nrlqs: {descriptor_keys: [tenant]}\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n")
+	after := parse("domain: edge\nrlqs: {descriptor_keys: [route]}\ndescriptors:\n  - key: route\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n")
+	store := memstore.New(memstore.Options{})
+	svc := service.New(before, store, nil, service.Options{})
+	srv := rlqs.New(&reloading{svc, after}, store, rlqs.Options{})
+	ss, _ := srv.NewSession()
+	defer ss.Close()
+	// Before's keys and rules: (tenant, acme), limited. Before's keys with
+	// after's rules would find no rule for it and allow all.
+	resp := counts(t, ss, t0, "edge", map[string]string{"tenant": "acme", "route": "checkout"}, 1, 0)
+	if got := actions(resp); !strings.HasPrefix(got, "tokens/") {
+		t.Errorf("a report with a reload racing it: %q, want a grant under the rules it read", got)
+	}
+}

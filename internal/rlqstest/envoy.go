@@ -31,11 +31,9 @@ package rlqstest
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -44,6 +42,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ratelimitd/ratelimitd/internal/rlqs"
 )
 
 // ReportInterval is how often Envoy reports every bucket: its filter
@@ -202,14 +202,8 @@ func New(set Settings, dial Dialer) *Envoy {
 	return &Envoy{set: set, dial: dial, buckets: map[string]*bucket{}}
 }
 
-// BucketKey is a bucket id's identity: its pairs in key order.
-func BucketKey(id map[string]string) string {
-	var b strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(id)) {
-		fmt.Fprintf(&b, "%q=%q;", k, id[k])
-	}
-	return b.String()
-}
+// BucketKey is a bucket id's identity, as the server keys it.
+func BucketKey(id map[string]string) string { return rlqs.BucketKey(id) }
 
 // Request decides one request of bucket id at now, as the filter does,
 // and reports whether it was allowed.

@@ -59,7 +59,13 @@ type BucketPlan struct {
 // callers of the same rules. ErrNoRules while no rules are in force. The
 // caller bounds ents (they are matched, never stored).
 func (s *Service) PlanBucket(domain string, ents []*rlcommon.RateLimitDescriptor_Entry) (BucketPlan, error) {
-	rules := s.rules.Load()
+	return s.PlanBucketIn(s.rules.Load(), domain, ents)
+}
+
+// PlanBucketIn is PlanBucket on the snapshot rules (one a caller read
+// already, so that what it read of the domain and the plan agree), nil
+// for none.
+func (s *Service) PlanBucketIn(rules *config.Snapshot, domain string, ents []*rlcommon.RateLimitDescriptor_Entry) (BucketPlan, error) {
 	if rules == nil {
 		return BucketPlan{}, ErrNoRules
 	}

@@ -1,0 +1,369 @@
+package rlqs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+// Session is one stream's state: its domain and buckets. Its methods are
+// called from one goroutine at a time.
+type Session struct {
+	srv     *Server
+	domain  string
+	buckets map[string]*bucket
+	closed  bool
+}
+
+type sent uint8
+
+const (
+	sentNone sent = iota
+	sentTokens
+	sentAllow
+	sentDeny
+)
+
+// String names the kind as ratelimitd_rlqs_assignments_total does.
+func (k sent) String() string {
+	switch k {
+	case sentTokens:
+		return "token_bucket"
+	case sentAllow:
+		return "allow_all"
+	case sentDeny:
+		return "deny_all"
+	}
+	return "none"
+}
+
+type bucket struct {
+	key string // in Session.buckets
+	// needed marks it in the grants a report is collecting.
+	needed bool
+	id     *rlqsv3.BucketId
+	plan   service.BucketPlan
+	// subscribed is the counter key the bucket is counted under in
+	// srv.counters ("" when none).
+	subscribed string
+	contrib    float64 // the rate it added to its counter's rateSum
+
+	// Demand: requests (allowed and denied) per second, from the
+	// counts reported since rateSince; rate < 0 until measured.
+	rate       float64
+	pending    uint64
+	rateSince  time.Time
+	lastActive time.Time // the last report with requests
+	lastReport time.Time
+	firstCount uint64 // requests of the first report
+
+	// What the Envoy holds: the last strategy sent, the grant's hits
+	// and the allowed requests reported since, and when it expires.
+	sent           sent
+	granted, used  uint64
+	sentAt         time.Time // of the grant
+	expires        time.Time
+	wake           time.Time // push a grant for the next window then
+	failureAnswers bool      // the last answer was the failure mode's
+	// foreign: the Envoy may hold a token bucket another stream (another
+	// instance, before a failover or restart) assigned, so the first
+	// token bucket sent is preceded by a DENY_ALL, as a replacement is:
+	// Envoy would scale a token bucket sent over it by the old one's
+	// fill. inheritTill: until then, while the Envoy refuses nothing,
+	// what it holds serves it and nothing is sent, so that no tokens of
+	// the old grant are thrown away; past it (it may be under ALLOW_ALL
+	// rather than a grant) the bucket is granted.
+	foreign     bool
+	inheritTill time.Time
+}
+
+// NewSession opens a session, or refuses one past MaxStreams.
+func (s *Server) NewSession() (*Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.streams >= s.opts.MaxStreams {
+		s.m.RLQSReject("too_many_streams")
+		return nil, fmt.Errorf("%w: %d open, the most Options.MaxStreams allows", ErrTooManyStreams, s.streams)
+	}
+	s.streams++
+	s.m.RLQSStream(1)
+	return &Session{srv: s, buckets: map[string]*bucket{}}, nil
+}
+
+// Close ends the session. Grants its Envoy holds are not given back: it
+// may still use them until they expire.
+func (ss *Session) Close() {
+	if ss.closed {
+		return
+	}
+	ss.closed = true
+	s := ss.srv
+	s.mu.Lock()
+	s.streams--
+	for _, b := range ss.buckets {
+		s.unsubscribeLocked(b)
+	}
+	s.mu.Unlock()
+	s.m.RLQSStream(-1)
+	s.m.RLQSBucket(-len(ss.buckets))
+}
+
+// BucketKey is a bucket id's identity: its pairs in key order (Envoy's
+// ids are maps: order does not matter), each part length-prefixed.
+func BucketKey(id map[string]string) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(id)) {
+		fmt.Fprintf(&b, "%d:%s%d:%s", len(k), k, len(id[k]), id[k])
+	}
+	return b.String()
+}
+
+// Report takes one usage report at now and returns the assignments it
+// calls for (nil: none). An error ends the stream: a report without a
+// domain first, or naming another one later.
+func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLimitQuotaUsageReports) (*rlqsv3.RateLimitQuotaResponse, error) {
+	s := ss.srv
+	switch d := msg.GetDomain(); {
+	case ss.domain == "" && d == "":
+		s.m.RLQSReject("bad_domain")
+		return nil, errors.New("rlqs: the first usage report must name the domain")
+	case ss.domain == "" && len(d) > config.MaxValueBytes:
+		s.m.RLQSReject("bad_domain")
+		return nil, fmt.Errorf("rlqs: domain is %d bytes, more than the %d allowed", len(d), config.MaxValueBytes)
+	case ss.domain == "":
+		ss.domain = d
+	case d != "" && d != ss.domain:
+		s.m.RLQSReject("bad_domain")
+		return nil, fmt.Errorf("rlqs: report for domain %q on a stream of domain %q (open a stream per domain)", config.Truncate(d, 64), config.Truncate(ss.domain, 64))
+	}
+	// A report past MaxBuckets is still answered for the buckets within
+	// the bound, so the Envoy's known buckets keep their grants; the new
+	// ones past it are refused one by one (too_many_buckets) and get no
+	// assignment: Envoy's no_assignment_behavior decides them, and it
+	// reports them again. gRPC's message size bounds the report's length.
+	usages := msg.GetBucketQuotaUsages()
+	// One snapshot for the whole report: the domain's keys and every
+	// bucket's plan come from the same rules, whatever a reload does.
+	rules := s.plan.Rules()
+	var keys []string
+	if dom := rules.Domain(ss.domain); dom != nil {
+		keys = dom.RLQSKeys
+	}
+	var out []*rlqsv3.RateLimitQuotaResponse_BucketAction
+	var need []*bucket
+	for _, u := range usages {
+		id := u.GetBucketId().GetBucket()
+		if reason := s.checkID(id); reason != "" {
+			s.m.RLQSReject(reason)
+			continue
+		}
+		key := BucketKey(id)
+		b := ss.buckets[key]
+		if b == nil {
+			if len(ss.buckets) >= s.opts.MaxBuckets {
+				s.m.RLQSReject("too_many_buckets")
+				continue
+			}
+			b = &bucket{key: key, id: &rlqsv3.BucketId{Bucket: maps.Clone(id)}, rate: -1, rateSince: now, lastActive: now, lastReport: now,
+				firstCount: u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()}
+			if el := u.GetTimeElapsed().AsDuration(); el > 0 {
+				// Envoy reports a bucket new to it at once, with no time
+				// elapsed; this one it knew before this stream.
+				b.foreign, b.inheritTill = true, now.Add(2*ReportPeriod)
+				if el >= time.Second {
+					b.rate = float64(b.firstCount) / el.Seconds()
+				}
+			}
+			ss.buckets[key] = b
+			s.m.RLQSBucket(1)
+		} else {
+			b.observe(now, u.GetNumRequestsAllowed(), u.GetNumRequestsDenied())
+			s.noteRate(b)
+		}
+		if err := ss.replan(b, rules, keys); err != nil {
+			// No rules in force: nothing to grant from; the failure
+			// mode answers, as ShouldRateLimit's callers are answered.
+			out = append(out, ss.failure(b, now))
+			continue
+		}
+		if b.plan.Kind != service.BucketCounted {
+			out = append(out, ss.assign(b, allowAll(), s.opts.AllowTTL, sentAllow))
+			continue
+		}
+		if now.Before(b.inheritTill) && u.GetNumRequestsDenied() == 0 {
+			continue
+		}
+		b.inheritTill = time.Time{}
+		if !ss.keep(b, now) && !b.needed { // a bucket reported twice is granted once
+			b.needed = true
+			need = append(need, b)
+		}
+	}
+	out = append(out, ss.abandonIdle(now)...)
+	// An idle bucket reported without requests is abandoned, not granted.
+	need = slices.DeleteFunc(need, func(b *bucket) bool { return ss.buckets[b.key] != b })
+	out = append(out, ss.grant(ctx, now, need)...)
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return &rlqsv3.RateLimitQuotaResponse{BucketAction: out}, nil
+}
+
+// checkID returns why a bucket id is refused, "" when it is not.
+func (s *Server) checkID(id map[string]string) string {
+	if len(id) == 0 {
+		return "bucket_id_empty"
+	}
+	if len(id) > MaxBucketIDEntries {
+		return "bucket_id_too_large"
+	}
+	n := 0
+	for k, v := range id {
+		n += len(k) + len(v)
+	}
+	if n > s.opts.MaxBucketIDBytes {
+		return "bucket_id_too_large"
+	}
+	return ""
+}
+
+// observe adds a report's counts to the bucket's demand and to what its
+// grant spent. A report counts from the one before it: when the grant
+// was sent in between, the requests allowed before it took effect were
+// spent from the grant it replaced, so the grant is charged the part of
+// them after it was sent, as if they came evenly. Counting them all
+// made a fresh grant look half spent and replaced it early, its unused
+// tokens lost.
+func (b *bucket) observe(now time.Time, allowed, denied uint64) {
+	n := allowed + denied
+	if span := now.Sub(b.lastReport); b.sentAt.After(b.lastReport) && span > 0 {
+		allowed = uint64(math.Ceil(float64(allowed) * float64(now.Sub(b.sentAt)) / float64(span)))
+	}
+	b.used += allowed
+	b.lastReport = now
+	if n > 0 {
+		b.lastActive = now
+	}
+	b.pending += n
+	// Reports closer than a second (a new bucket's, then the next
+	// periodic one) say little of a rate: they add up until one does.
+	if el := now.Sub(b.rateSince); el >= time.Second {
+		r := float64(b.pending) / el.Seconds()
+		if b.rate < 0 {
+			b.rate = r
+		} else {
+			b.rate = (b.rate + r) / 2
+		}
+		b.pending, b.rateSince = 0, now
+	}
+}
+
+// replan matches the bucket's descriptor, the domain's rlqs keys' values
+// in order up to the first key the id lacks; a changed counter starts
+// the grant afresh.
+func (ss *Session) replan(b *bucket, rules *config.Snapshot, keys []string) error {
+	var ents []*rlcommon.RateLimitDescriptor_Entry
+	for _, k := range keys {
+		v, ok := b.id.GetBucket()[k]
+		if !ok {
+			break
+		}
+		ents = append(ents, &rlcommon.RateLimitDescriptor_Entry{Key: k, Value: v})
+	}
+	var p service.BucketPlan
+	if len(ents) > 0 {
+		var err error
+		if p, err = ss.srv.plan.PlanBucketIn(rules, ss.domain, ents); err != nil {
+			return err
+		}
+	}
+	if p == b.plan && (p.Kind != service.BucketCounted || b.subscribed != "") {
+		return nil
+	}
+	s := ss.srv
+	s.mu.Lock()
+	s.unsubscribeLocked(b)
+	if p.Kind == service.BucketCounted {
+		c := s.counters[p.Check.Key]
+		if c == nil {
+			d := s.plan.Demand()
+			d.Watch(p.Check.Key)
+			c = &counter{rlsRate: -1, rlsHits: d.Hits(p.Check.Key), rlsSince: s.opts.Now()}
+			s.counters[p.Check.Key] = c
+		}
+		c.subs++
+		b.subscribed = p.Check.Key
+		contributeLocked(c, b)
+	}
+	s.mu.Unlock()
+	b.plan, b.granted, b.used, b.wake = p, 0, 0, time.Time{}
+	return nil
+}
+
+// Wake pushes grants for the buckets whose window ended (those still in
+// demand) and returns them (nil: none).
+func (ss *Session) Wake(ctx context.Context, now time.Time) *rlqsv3.RateLimitQuotaResponse {
+	var need []*bucket
+	for _, b := range ss.buckets {
+		if b.wake.IsZero() || b.wake.After(now) {
+			continue
+		}
+		b.wake = time.Time{}
+		if b.plan.Kind == service.BucketCounted && now.Sub(b.lastActive) < ss.srv.opts.IdleAfter && !ss.keep(b, now) {
+			need = append(need, b)
+		}
+	}
+	slices.SortFunc(need, func(x, y *bucket) int { return strings.Compare(x.key, y.key) }) // answers in a stable order
+	out := ss.grant(ctx, now, need)
+	if len(out) == 0 {
+		return nil
+	}
+	return &rlqsv3.RateLimitQuotaResponse{BucketAction: out}
+}
+
+// NextWake returns when Wake has work, zero for never.
+func (ss *Session) NextWake() time.Time {
+	var next time.Time
+	for _, b := range ss.buckets {
+		if !b.wake.IsZero() && (next.IsZero() || b.wake.Before(next)) {
+			next = b.wake
+		}
+	}
+	return next
+}
+
+// abandonIdle abandons the buckets without requests for IdleAfter.
+func (ss *Session) abandonIdle(now time.Time) []*rlqsv3.RateLimitQuotaResponse_BucketAction {
+	s := ss.srv
+	var idle []*bucket
+	for _, b := range ss.buckets {
+		if now.Sub(b.lastActive) >= s.opts.IdleAfter {
+			idle = append(idle, b)
+		}
+	}
+	slices.SortFunc(idle, func(x, y *bucket) int { return strings.Compare(x.key, y.key) }) // answers in a stable order
+	out := make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(idle))
+	for _, b := range idle {
+		s.mu.Lock()
+		s.unsubscribeLocked(b)
+		s.mu.Unlock()
+		delete(ss.buckets, b.key)
+		s.m.RLQSBucket(-1)
+		s.m.RLQSAssignment("abandon")
+		out = append(out, &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id,
+			BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{
+				AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}})
+	}
+	return out
+}

@@ -1,0 +1,218 @@
+package rlqs
+
+import (
+	"context"
+	"math"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+
+	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+)
+
+// keep reports whether the grant the Envoy holds is to stay. A replaced
+// grant's unused tokens are lost to the window (Envoy drops them with the
+// bucket, and what it spent of them in flight is unknown, so they cannot
+// be given back safely), and a grant kept too long runs dry before the
+// next report can renew it. Which costs more depends on the counter:
+//
+//   - a grant that lasts to the Envoy's next report stays (give or take
+//     rounding: a token, or 40 % of a period's demand when that is less);
+//   - one that does not stays only while the bucket's share of what the
+//     counter has left, with what it holds, is under 90 % of its demand
+//     until the window ends, and it holds a second of demand at least:
+//     the counter will run out this window, so every token counts and
+//     what this bucket does not take the others do;
+//   - otherwise it is replaced now, before it runs dry.
+func (ss *Session) keep(b *bucket, now time.Time) bool {
+	if b.sent != sentTokens || b.granted == 0 || !now.Before(b.expires) || b.used >= b.granted {
+		return false
+	}
+	left := float64(b.granted - b.used)
+	if b.rate < 0 {
+		return true
+	}
+	need := b.rate * ReportPeriod.Seconds()
+	if left+min(1, 0.4*need) >= need {
+		return true
+	}
+	d := ss.demand(b, now)
+	return d.avail+left < 0.9*b.rate*d.windowLeft.Seconds() && left >= b.rate
+}
+
+// holds reports whether the Envoy may still hold tokens of the bucket's
+// grant: unexpired, and not all reported used.
+func (b *bucket) holds(now time.Time) bool {
+	return b.sent == sentTokens && now.Before(b.expires) && b.granted > b.used
+}
+
+// claim is a bucket's claim on what its counter has left.
+type claim struct {
+	// want is what the bucket would ask for: its demand until the report
+	// after its next one, so that a grant runs out as the one replacing
+	// it arrives.
+	want float64
+	// avail is its share of what the counter has left: its share of the
+	// demand on the counter here (its buckets' and the RLS callers'), at
+	// least an even share.
+	avail float64
+	// windowLeft is how long the counter's window has to run (0: not
+	// known).
+	windowLeft time.Duration
+}
+
+// demand returns the bucket's claim at now.
+func (ss *Session) demand(b *bucket, now time.Time) claim {
+	s := ss.srv
+	c := &b.plan.Check
+	var cl claim
+	s.mu.Lock()
+	subs, remaining, share := 1.0, c.Limit, 1.0
+	if ctr := s.counters[b.subscribed]; ctr != nil {
+		s.measureRLSLocked(b.subscribed, ctr, now)
+		rls := max(0, ctr.rlsRate)
+		subs = float64(max(1, ctr.subs))
+		if rls > 0 {
+			subs++ // the RLS callers, as one more claimant
+		}
+		share = 1 / subs
+		if now.Before(ctr.validTill) {
+			remaining = ctr.remaining
+			cl.windowLeft = ctr.validTill.Sub(now)
+		}
+		if b.rate > 0 && ctr.rateSum+rls > 0 {
+			share = max(share, min(1, b.rate/(ctr.rateSum+rls)))
+		}
+	}
+	s.mu.Unlock()
+	if b.rate >= 0 {
+		next := max(0, b.lastReport.Add(ReportPeriod).Sub(now).Seconds())
+		cl.want = b.rate * (next + ReportPeriod.Seconds())
+		if b.rate*ReportPeriod.Seconds() < 2 {
+			// Under two requests a period, rounding to whole tokens
+			// leaves the bucket dry for most of one: a token to spare.
+			cl.want++
+		}
+	} else {
+		// Not measured yet: the bucket's even share of the rule's rate
+		// over two report periods, and at least what its first report
+		// asked for.
+		cl.want = max(float64(b.firstCount), float64(c.Limit)*2*ReportPeriod.Seconds()/(float64(c.WindowUS)/1e6)/subs)
+	}
+	cl.avail = float64(remaining) * share
+	return cl
+}
+
+// size is how many hits to ask for: what the bucket wants, never more
+// than its share of what remains, at least one.
+func (ss *Session) size(b *bucket, now time.Time) uint64 {
+	d := ss.demand(b, now)
+	n := uint64(min(math.Ceil(d.want), float64(limit.MaxHits)))
+	return max(1, min(n, uint64(d.avail)))
+}
+
+// grant takes grants for need in one store call and returns the actions
+// that hand them out.
+func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*rlqsv3.RateLimitQuotaResponse_BucketAction {
+	if len(need) == 0 {
+		return nil
+	}
+	s := ss.srv
+	ops := make([]limit.GrantOp, len(need))
+	for i, b := range need {
+		b.needed = false
+		ops[i].Check = b.plan.Check
+		ops[i].Check.Hits = ss.size(b, now)
+	}
+	res, err := s.store.Grant(ctx, ops)
+	var out []*rlqsv3.RateLimitQuotaResponse_BucketAction
+	if err != nil {
+		s.log.Warn("rlqs: the store cannot grant; answering by failure mode", "buckets", len(need), "err", err)
+		for _, b := range need {
+			s.m.RLQSGrant("failed", 0)
+			out = append(out, ss.failure(b, now))
+		}
+		return out
+	}
+	var back []limit.GrantOp
+	for i, b := range need {
+		r := res[i]
+		reset := time.Duration(r.ResetUS) * time.Microsecond
+		windowed := b.plan.Check.Algorithm != limit.TokenBucket
+		ttl := 2 * ReportPeriod
+		if windowed {
+			ttl = (reset - s.opts.Margin).Truncate(time.Second)
+		}
+		if r.WindowEndUS != 0 || !windowed {
+			s.noteRemaining(b.subscribed, r.Remaining, now.Add(reset))
+		}
+		switch {
+		case r.Hits == 0 || ttl < time.Second:
+			if r.Hits == 0 {
+				s.m.RLQSGrant("empty", 0)
+			} else {
+				// Too near the window's end to hand out: give the hits
+				// back.
+				s.m.RLQSGrant("returned", r.Hits)
+				op := ops[i]
+				op.Check.Hits, op.GiveBack, op.WindowEndUS = r.Hits, true, r.WindowEndUS
+				back = append(back, op)
+			}
+			if b.holds(now) {
+				// The Envoy still holds tokens charged to the counter: a
+				// DENY_ALL would throw them away. They run out on their
+				// TTL (a strict config denies after); the next window's
+				// grant comes at its start.
+				b.wake = now.Add(max(reset, time.Second))
+				break
+			}
+			// Deny until the next window's grant.
+			out = append(out, ss.denyUntil(b, now, reset))
+		default:
+			s.m.RLQSGrant("taken", r.Hits)
+			if b.sent == sentTokens || b.foreign {
+				// What the replaced grant had left by the Envoy's last
+				// report: an upper bound of the hits it never spent.
+				if b.holds(now) {
+					s.m.RLQSGrantLost(b.granted - b.used)
+				}
+				// A token bucket replacing one would carry the old
+				// one's tokens over: end it first.
+				out = append(out, ss.assign(b, denyAll(), ttl, sentDeny))
+			}
+			out = append(out, ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens))
+			b.granted, b.used, b.sentAt, b.expires = r.Hits, 0, now, now.Add(ttl)
+			if windowed {
+				b.wake = now.Add(reset)
+			}
+		}
+	}
+	if len(back) > 0 {
+		if _, err := s.store.Grant(ctx, back); err != nil {
+			s.log.Warn("rlqs: a grant taken too late in its window could not be given back", "err", err)
+		}
+	}
+	return out
+}
+
+// denyUntil denies the bucket until its counter has budget again (the
+// next window, or the bucket's next hit) and wakes the session then, a
+// second from now at the soonest: a token bucket rule's next hit may be
+// due in a millisecond, and asking for it hit by hit would load Redis.
+func (ss *Session) denyUntil(b *bucket, now time.Time, reset time.Duration) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	// TTLs are whole seconds: the first one at or after the window's
+	// end, when the wake's grant replaces it anyway.
+	ttl := max(time.Second, (reset+time.Second-1)/time.Second*time.Second)
+	b.wake = now.Add(max(reset, time.Second))
+	return ss.assign(b, denyAll(), ttl, sentDeny)
+}
+
+// failure answers by the bucket's failure mode for FailureTTL.
+func (ss *Session) failure(b *bucket, now time.Time) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	b.wake = time.Time{}
+	if b.plan.Failure == config.FailureDeny {
+		return ss.assign(b, denyAll(), ss.srv.opts.FailureTTL, sentDeny)
+	}
+	return ss.assign(b, allowAll(), ss.srv.opts.FailureTTL, sentAllow)
+}
