@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"gopkg.in/yaml.v3"
+
+	"github.com/ratelimitd/ratelimitd/config"
 )
 
 // semanticOnly are bad files whose problem a schema cannot see; the
@@ -84,19 +87,50 @@ func TestSchemaAgainstFiles(t *testing.T) {
 }
 
 // TestSchemaNamesEveryField keeps the schema and the parser's allow-lists
-// in step: every field the parser knows is in the schema and documented in
-// docs/rules.md.
+// in step: at each level the schema has exactly the fields the parser
+// accepts (config's lists), and docs/rules.md documents every one.
 func TestSchemaNamesEveryField(t *testing.T) {
-	schema, _ := os.ReadFile("rules.schema.json")
-	readme, _ := os.ReadFile("../docs/rules.md")
-	for _, field := range []string{"domain", "descriptors", "key", "value", "rate_limit", "shadow_mode", "quota_mode",
-		"detailed_metric", "value_to_metric", "share_threshold", "metadata", "failure_mode", "unit",
-		"requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "lease", "rejected_hits", "rlqs", "calendar"} {
-		if !strings.Contains(string(schema), `"`+field+`"`) {
-			t.Errorf("schema lacks %q", field)
+	raw, err := os.ReadFile("rules.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema map[string]any
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	docs, _ := os.ReadFile("../docs/rules.md")
+	at := func(path ...string) map[string]any {
+		var v any = schema
+		for _, p := range path {
+			m, _ := v.(map[string]any)
+			v = m[p]
 		}
-		if !strings.Contains(string(readme), field+":") {
-			t.Errorf("docs/rules.md lacks %q", field)
+		m, _ := v.(map[string]any)
+		return m
+	}
+	for _, level := range []struct {
+		name   string
+		props  map[string]any
+		fields []string
+	}{
+		{"domain", at("properties"), config.DomainFields},
+		{"rlqs", at("properties", "rlqs", "properties"), config.RLQSFields},
+		{"descriptor", at("$defs", "descriptor", "properties"), config.DescriptorFields},
+		{"rate_limit", at("$defs", "rate_limit", "properties"), config.RateLimitFields},
+		{"replaces", at("$defs", "rate_limit", "properties", "replaces", "items", "properties"), config.ReplacesFields},
+	} {
+		for _, f := range level.fields {
+			if _, ok := level.props[f]; !ok {
+				t.Errorf("schema: %s lacks %q, which the parser accepts", level.name, f)
+			}
+			if !strings.Contains(string(docs), f+":") {
+				t.Errorf("docs/rules.md lacks %q", f)
+			}
+		}
+		for f := range level.props {
+			if !slices.Contains(level.fields, f) {
+				t.Errorf("schema: %s has %q, which the parser refuses", level.name, f)
+			}
 		}
 	}
 }

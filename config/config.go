@@ -193,6 +193,17 @@ func PathSegment(key, value string) string {
 // Parent returns the rule one level up, or nil for a top-level rule.
 func (r *Rule) Parent() *Rule { return r.parent }
 
+// Levels returns the rules matched at each of a descriptor's n entries,
+// r being the one at its last: entry j was matched by Levels(n)[j], nil
+// for the entries past the depth of r's ancestry.
+func (r *Rule) Levels(n int) []*Rule {
+	levels := make([]*Rule, n)
+	for l, j := r, n-1; l != nil && j >= 0; l, j = l.parent, j-1 {
+		levels[j] = l
+	}
+	return levels
+}
+
 // Depth returns the rule's level, 1 for a top-level rule.
 func (r *Rule) Depth() int { return r.depth }
 

@@ -386,3 +386,26 @@ func TestWildcardStarsMatchNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestLevels: a matched rule's ancestry, one rule per entry, nil past it.
+func TestLevels(t *testing.T) {
+	snap, err := Parse("r.yaml", []byte("domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: second, requests_per_unit: 1}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := snap.Domain("d").Match(entries("a", "1", "b", "2"))
+	if r == nil {
+		t.Fatal("no match")
+	}
+	got := r.Levels(3)
+	if got[0] != nil || got[1] == nil || got[1].Key != "a" || got[2] != r {
+		t.Errorf("levels of a 2-deep rule over 3 entries: %+v", got)
+	}
+	if l := r.Levels(1); len(l) != 1 || l[0] != r {
+		t.Errorf("levels over 1 entry: %+v", l)
+	}
+	var none *Rule
+	if l := none.Levels(2); l[0] != nil || l[1] != nil {
+		t.Errorf("levels of no rule: %+v", l)
+	}
+}

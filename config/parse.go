@@ -134,6 +134,19 @@ func parseDoc(ctx context.Context, in Doc) ([]*Domain, error) {
 
 // fields checks that n is a mapping with unique, known, string keys and
 // returns the values by key.
+// The fields a rules document may have at each level, and nothing else:
+// the parser refuses any other, and api/rules.schema.json is held to
+// exactly these by its test.
+var (
+	DomainFields     = []string{"domain", "descriptors", "name", "rlqs"}
+	RLQSFields       = []string{"descriptor_keys"}
+	DescriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric",
+		"value_to_metric", "share_threshold", "metadata", "failure_mode"}
+	RateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst",
+		"unit_multiplier", "lease", "rejected_hits", "calendar"}
+	ReplacesFields = []string{"name"}
+)
+
 func (p *parser) fields(n *yaml.Node, path string, known ...string) map[string]*yaml.Node {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return map[string]*yaml.Node{}
@@ -175,7 +188,7 @@ func (p *parser) fields(n *yaml.Node, path string, known ...string) map[string]*
 func (p *parser) domain(n *yaml.Node) *Domain {
 	// name is a RateLimitConfig's own name, which generators write out;
 	// the domain is what identifies the rules.
-	f := p.fields(n, "", "domain", "descriptors", "name", "rlqs")
+	f := p.fields(n, "", DomainFields...)
 	if f == nil {
 		return nil
 	}
@@ -216,7 +229,7 @@ const MaxRLQSKeys = 32
 // rlqs reads a domain's `rlqs: {descriptor_keys: [k1, k2, ...]}`: the
 // bucket id keys that make an RLQS bucket's descriptor, in order.
 func (p *parser) rlqs(n *yaml.Node) []string {
-	f := p.fields(n, "rlqs", "descriptor_keys")
+	f := p.fields(n, "rlqs", RLQSFields...)
 	if f == nil {
 		return nil
 	}
@@ -316,8 +329,7 @@ func (p *parser) descriptors(n *yaml.Node, path string, d *Domain, parent *Rule)
 }
 
 func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule {
-	f := p.fields(n, path, "key", "value", "rate_limit", "descriptors", "shadow_mode",
-		"quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "failure_mode")
+	f := p.fields(n, path, DescriptorFields...)
 	if f == nil {
 		return nil
 	}
@@ -384,7 +396,7 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 }
 
 func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
-	f := p.fields(n, path, "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "lease", "rejected_hits", "calendar")
+	f := p.fields(n, path, RateLimitFields...)
 	if f == nil {
 		return nil
 	}
@@ -461,7 +473,7 @@ func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
 				}
 				c = deref(c)
 				cp := fmt.Sprintf("%s.replaces[%d]", path, i)
-				rf := p.fields(c, cp, "name")
+				rf := p.fields(c, cp, ReplacesFields...)
 				if rf == nil {
 					continue
 				}

@@ -10,8 +10,10 @@ import (
 
 // DefaultDebounce is how long Watch waits after the last file event before
 // loading, so that an editor's or kubelet's burst of writes, renames and
-// symlink swaps gives one reload.
-const DefaultDebounce = 200 * time.Millisecond
+// symlink swaps gives one reload: filewatch's. Watch does not use
+// filewatch.Watch's debounce itself because it also needs each event as it
+// comes, to cancel a load in progress that the event makes stale.
+const DefaultDebounce = filewatch.DefaultDebounce
 
 // Watch loads the rules at paths, read with opts, whenever something
 // changes there, until ctx is done, and calls onLoad with each new

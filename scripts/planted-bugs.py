@@ -201,6 +201,9 @@ muts = [
     ("182 a nil Tracing's Start dereferences it","internal/tracing/tracing.go","\tif t == nil {\n\t\treturn ctx, trace.SpanFromContext(ctx)\n\t}\n","","./internal/tracing","TestNilTracesNothing"),
     ("183 gostats' variables read from the process, not Options.Getenv","internal/compatstats/compatstats.go","if v := s.opts.Getenv(e.name); v != \"\" {","if v := os.Getenv(e.name); v != \"\" {","./internal/compatstats","TestBadSinks"),
     ("184 an RLQS report reads the rules twice","internal/rlqs/session.go","ss.srv.plan.PlanBucketIn(rules, ss.domain, ents)","ss.srv.plan.PlanBucketIn(ss.srv.plan.Rules(), ss.domain, ents)","./internal/rlqs","TestOneSnapshotPerReport"),
+    ("185 the parser accepts a rate_limit field the schema lacks","config/parse.go","\"unit_multiplier\", \"lease\", \"rejected_hits\", \"calendar\"}","\"unit_multiplier\", \"lease\", \"rejected_hits\", \"calendar\", \"jitter\"}","./api","TestSchemaNamesEveryField"),
+    ("186 a matched rule's levels shifted by one","config/config.go","for l, j := r, n-1; l != nil && j >= 0; l, j = l.parent, j-1 {","for l, j := r, n-1; l != nil && j > 0; l, j = l.parent, j-1 {","./config","TestLevels"),
+    ("187 a rate-limited log line let through within its interval","internal/lograte/lograte.go","if prev != 0 && n-prev < int64(interval) {","if prev != 0 && n-prev < int64(interval)/2 {","./internal/lograte","TestLimiter"),
     ("134 RLQS token bucket holds more than its grant","internal/rlqs/sizing.go","ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens)","ss.assign(b, tokens(r.Hits+2, ttl), ttl, sentTokens)","./internal/rlqs","TestFleetBound$|TestFleetOverInstances"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]

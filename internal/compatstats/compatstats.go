@@ -34,6 +34,7 @@ import (
 	"github.com/prometheus/statsd_exporter/pkg/exporter"
 	"github.com/prometheus/statsd_exporter/pkg/mapper"
 	"github.com/prometheus/statsd_exporter/pkg/registry"
+	"github.com/ratelimitd/ratelimitd/internal/lograte"
 )
 
 //go:embed default_mapper.yaml
@@ -118,7 +119,7 @@ type Stats struct {
 
 	mu          sync.Mutex
 	unknown     map[string]gostats.Counter // domain_not_found by domain, bounded
-	lastLog     sync.Map                   // sink name → *atomic.Int64 unix ns
+	lastLog     lograte.Keyed              // by sink name
 	flushMu     sync.Mutex
 	pendingMu   sync.Mutex
 	pending     event.Events
@@ -469,11 +470,7 @@ func (s *Stats) sinkError(sink, msg string) {
 	if s.opts.OnSinkError != nil {
 		s.opts.OnSinkError(sink)
 	}
-	v, _ := s.lastLog.LoadOrStore(sink, new(atomic.Int64))
-	last := v.(*atomic.Int64)
-	now := time.Now().UnixNano()
-	prev := last.Load()
-	if now-prev < int64(time.Minute) || !last.CompareAndSwap(prev, now) {
+	if !s.lastLog.Allow(sink, time.Now(), time.Minute) {
 		return
 	}
 	s.opts.Logger.Warn("stats sink failing; its stats are dropped (logged at most once a minute)", "sink", sink, "err", msg)

@@ -112,10 +112,7 @@ func pathOf(domain string, r *config.Rule, ents []*rlcommon.RateLimitDescriptor_
 		}
 		return b.String()
 	}
-	levels := make([]*config.Rule, len(ents))
-	for l, j := r, len(ents)-1; l != nil && j >= 0; l, j = l.Parent(), j-1 {
-		levels[j] = l
-	}
+	levels := r.Levels(len(ents))
 	for j, e := range ents {
 		l := levels[j]
 		switch {

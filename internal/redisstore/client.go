@@ -36,20 +36,15 @@ func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *red
 			mode = ModeSentinel
 		}
 	}
-	dial := min(time.Second, max(timeout, 100*time.Millisecond))
 	switch mode {
 	case ModeSingle:
 		o, err := redis.ParseURL(opts.URL)
 		if err != nil {
 			return nil, nil, "", urlError("parse the URL", opts.URL, err)
 		}
-		o.MaxRetries, o.ContextTimeoutEnabled, o.DisableIdentity = -1, true, true
-		o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout
-		o.DialTimeout, o.DialerRetries, o.Protocol = dial, 1, resp
-		if opts.Password != "" {
-			o.Password = opts.Password
-		}
-		if o.TLSConfig, err = mergeTLS(o.TLSConfig, opts); err != nil {
+		o.MaxRetries = -1
+		if err := bound(common{&o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout, &o.DialTimeout, &o.DialerRetries, &o.Protocol,
+			&o.ContextTimeoutEnabled, &o.DisableIdentity, &o.Password, &o.TLSConfig}, opts, timeout); err != nil {
 			return nil, nil, "", err
 		}
 		return redis.NewClient(o), nil, mode, nil
@@ -58,13 +53,9 @@ func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *red
 		if err != nil {
 			return nil, nil, "", urlError("parse the URL for sentinel", opts.URL, err)
 		}
-		o.MaxRetries, o.ContextTimeoutEnabled, o.DisableIdentity = -1, true, true
-		o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout
-		o.DialTimeout, o.DialerRetries, o.Protocol = dial, 1, resp
-		if opts.Password != "" {
-			o.Password = opts.Password
-		}
-		if o.TLSConfig, err = mergeTLS(o.TLSConfig, opts); err != nil {
+		o.MaxRetries = -1
+		if err := bound(common{&o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout, &o.DialTimeout, &o.DialerRetries, &o.Protocol,
+			&o.ContextTimeoutEnabled, &o.DisableIdentity, &o.Password, &o.TLSConfig}, opts, timeout); err != nil {
 			return nil, nil, "", err
 		}
 		return redis.NewFailoverClient(o), nil, mode, nil
@@ -77,19 +68,40 @@ func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *red
 		// connection errors within that budget, bounded by the context,
 		// without backoff sleeps.
 		o.MaxRedirects, o.MinRetryBackoff, o.MaxRetryBackoff = 3, -1, -1
-		o.ContextTimeoutEnabled, o.DisableIdentity = true, true
-		o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout
-		o.DialTimeout, o.DialerRetries, o.Protocol = dial, 1, resp
-		if opts.Password != "" {
-			o.Password = opts.Password
-		}
-		if o.TLSConfig, err = mergeTLS(o.TLSConfig, opts); err != nil {
+		if err := bound(common{&o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout, &o.DialTimeout, &o.DialerRetries, &o.Protocol,
+			&o.ContextTimeoutEnabled, &o.DisableIdentity, &o.Password, &o.TLSConfig}, opts, timeout); err != nil {
 			return nil, nil, "", err
 		}
 		c := redis.NewClusterClient(o)
 		return c, c, mode, nil
 	}
 	return nil, nil, "", fmt.Errorf("redisstore: mode %q: want single, sentinel or cluster", mode)
+}
+
+// common points at the settings every mode's go-redis options share.
+type common struct {
+	read, write, pool, dial     *time.Duration
+	dialerRetries, protocol     *int
+	ctxTimeout, disableIdentity *bool
+	password                    *string
+	tls                         **tls.Config
+}
+
+// bound gives a client of any mode the same settings: every call bounded
+// by timeout (the pool wait too; a dial by at most a second), the context's
+// deadline followed, one dial attempt, RESP2, no CLIENT SETINFO, and the
+// options' password and TLS files over the URL's.
+func bound(c common, opts Options, timeout time.Duration) error {
+	*c.read, *c.write, *c.pool = timeout, timeout, timeout
+	*c.dial = min(time.Second, max(timeout, 100*time.Millisecond))
+	*c.dialerRetries, *c.protocol = 1, resp
+	*c.ctxTimeout, *c.disableIdentity = true, true
+	if opts.Password != "" {
+		*c.password = opts.Password
+	}
+	var err error
+	*c.tls, err = mergeTLS(*c.tls, opts)
+	return err
 }
 
 // tlsSettings reports whether opts hold TLS settings of their own.

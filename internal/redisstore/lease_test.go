@@ -67,8 +67,8 @@ var leaseRules = []limit.Check{
 
 // TestLeaseFleetNeverExceeds: three instances share a leased counter of
 // limit 100 and get 200 requests each, spread over time so that grants
-// are taken: together they admit exactly 100, most of them decided in
-// process, on each algorithm.
+// are taken: together they admit exactly 100, a good part of them decided
+// in process, on each algorithm.
 func TestLeaseFleetNeverExceeds(t *testing.T) {
 	redistest.AwayFromHourEnd(10 * time.Second) // the counters are per hour
 	srv := redistest.Start(t)
@@ -108,7 +108,10 @@ func TestLeaseFleetNeverExceeds(t *testing.T) {
 			for _, m := range ms {
 				local += locals(m)
 			}
-			if local < 30 {
+			// 28 to 63 of the 100 in runs on a busy 2-core machine (the
+			// grants follow the measured rate, which the scheduler
+			// shapes); none without grants.
+			if local < 10 {
 				t.Errorf("%d requests decided in process; the test wants grants in use", local)
 			}
 		})

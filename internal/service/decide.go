@@ -258,9 +258,7 @@ func (s *Service) storeEvaluate(ctx context.Context, checks []limit.Check) ([]li
 // logFailure logs a store failure at most once a second, so an outage
 // cannot flood the log; the decisions metric counts every one.
 func (s *Service) logFailure(ctx context.Context, err error, checks int) {
-	now := time.Now().UnixNano()
-	last := s.lastFailLog.Load()
-	if now-last < int64(time.Second) || !s.lastFailLog.CompareAndSwap(last, now) {
+	if !s.lastFailLog.Allow(time.Now(), time.Second) {
 		return
 	}
 	s.log.WarnContext(ctx, "store could not decide; answering by failure_mode",

@@ -191,10 +191,7 @@ func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon
 		}
 		return enc.KeyFor(it.algo, it.windowUS)
 	}
-	levels := make([]*config.Rule, len(ents))
-	for r, j := it.rule, len(ents)-1; r != nil && j >= 0; r, j = r.Parent(), j-1 {
-		levels[j] = r
-	}
+	levels := it.rule.Levels(len(ents))
 	for j, e := range ents {
 		v := e.GetValue()
 		if levels[j] != nil && levels[j].ShareThreshold {

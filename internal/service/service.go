@@ -15,6 +15,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/lograte"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
@@ -141,8 +142,8 @@ type Service struct {
 	compatRules atomic.Pointer[compatstats.Rules]
 
 	demand      Demand
-	lastFailLog atomic.Int64 // unix ns of the last fail-open log line
-	flightS     int64        // opts.UsageTimeout in seconds, as checks carry it
+	lastFailLog lograte.Limiter // of the fail-open log line
+	flightS     int64           // opts.UsageTimeout in seconds, as checks carry it
 }
 
 // New returns a service deciding with rules (which may be nil until

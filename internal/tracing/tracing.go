@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/lograte"
 	"go.opentelemetry.io/contrib/propagators/b3"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -192,7 +193,7 @@ type queue struct {
 	spans   chan sdktrace.ReadOnlySpan
 	onDrop  func(string, int)
 	log     *slog.Logger
-	lastLog time.Time
+	lastLog lograte.Limiter
 	stop    chan struct{}
 	flush   chan chan struct{}
 	done    sync.WaitGroup
@@ -235,8 +236,7 @@ func (q *queue) run() {
 		cancel()
 		if err != nil {
 			q.onDrop("export_failed", len(batch))
-			if now := time.Now(); now.Sub(q.lastLog) > time.Minute {
-				q.lastLog = now
+			if q.lastLog.Allow(time.Now(), time.Minute) {
 				q.log.Warn("trace export failed; spans dropped (logged at most once a minute)", "spans", len(batch), "err", err)
 			}
 		}
