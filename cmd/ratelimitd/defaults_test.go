@@ -107,11 +107,11 @@ func TestTracingDefaults(t *testing.T) {
 		if err != nil {
 			t.Fatalf("protocol %q: %v", proto, err)
 		}
-		if s.tracing.endpoint != want {
-			t.Errorf("protocol %q: endpoint %q, want %q", proto, s.tracing.endpoint, want)
+		if s.tracing.Endpoint != want {
+			t.Errorf("protocol %q: endpoint %q, want %q", proto, s.tracing.Endpoint, want)
 		}
-		if wantProto := map[bool]string{true: "grpc", false: "http"}[want == "localhost:4317"]; !strings.EqualFold(s.tracing.protocol, wantProto) {
-			t.Errorf("protocol %q: exporter protocol %q, want %q", proto, s.tracing.protocol, wantProto)
+		if wantProto := map[bool]string{true: "grpc", false: "http"}[want == "localhost:4317"]; !strings.EqualFold(s.tracing.Protocol, wantProto) {
+			t.Errorf("protocol %q: exporter protocol %q, want %q", proto, s.tracing.Protocol, wantProto)
 		}
 	}
 }

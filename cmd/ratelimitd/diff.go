@@ -126,48 +126,60 @@ func limitSummary(r *config.Rule) string {
 // when its counters start afresh: the counter key holds the window and
 // the algorithm, and share_threshold changes which values share one.
 func changes(o, r *config.Rule) []string {
-	var out []string
-	add := func(what string, from, to any) {
-		if from != to {
-			out = append(out, fmt.Sprintf("%s %v -> %v", what, from, to))
-		}
-	}
+	var d diffs
 	ol, rl := o.Limit, r.Limit
 	switch {
 	case ol == nil && rl != nil:
-		out = append(out, "now limited: "+limitSummary(r))
+		d.note("now limited: " + limitSummary(r))
 	case ol != nil && rl == nil:
-		out = append(out, "no longer limited (was "+limitSummary(o)+")")
+		d.note("no longer limited (was " + limitSummary(o) + ")")
 	case ol != nil && rl != nil:
-		if ol.RequestsPerUnit != rl.RequestsPerUnit && !ol.Unlimited && !rl.Unlimited {
-			dir := "raised"
-			if rl.RequestsPerUnit < ol.RequestsPerUnit {
-				dir = "lowered"
-			}
-			out = append(out, fmt.Sprintf("requests_per_unit %d -> %d (%s)", ol.RequestsPerUnit, rl.RequestsPerUnit, dir))
-		}
-		add("unlimited", ol.Unlimited, rl.Unlimited)
-		add("unit", ol.Unit, rl.Unit)
-		add("unit_multiplier", ol.UnitMultiplier, rl.UnitMultiplier)
-		add("algorithm", ol.Algorithm, rl.Algorithm)
-		add("burst", ol.Burst, rl.Burst)
-		add("lease", ol.Lease, rl.Lease)
-		add("rejected_hits", ol.RejectedHits, rl.RejectedHits)
-		if ol.CalendarSet || rl.CalendarSet {
-			add("calendar", ol.Calendar, rl.Calendar)
-		}
-		add("name", ol.Name, rl.Name)
-		add("replaces", strings.Join(ol.Replaces, ","), strings.Join(rl.Replaces, ","))
-		if !ol.Unlimited && !rl.Unlimited && (ol.Window() != rl.Window() || ol.Algorithm != rl.Algorithm || ol.Calendar != rl.Calendar) {
-			out = append(out, "its counters start afresh (the window or algorithm is part of the counter key)")
-		}
+		d.limit(ol, rl)
 	}
-	add("shadow_mode", o.ShadowMode, r.ShadowMode)
-	add("quota_mode", o.QuotaMode, r.QuotaMode)
-	add("failure_mode", o.FailureMode, r.FailureMode)
-	add("detailed_metric", o.DetailedMetric, r.DetailedMetric)
+	d.add("shadow_mode", o.ShadowMode, r.ShadowMode)
+	d.add("quota_mode", o.QuotaMode, r.QuotaMode)
+	d.add("failure_mode", o.FailureMode, r.FailureMode)
+	d.add("detailed_metric", o.DetailedMetric, r.DetailedMetric)
 	if o.ShareThreshold != r.ShareThreshold {
-		out = append(out, fmt.Sprintf("share_threshold %v -> %v: its counters start afresh", o.ShareThreshold, r.ShareThreshold))
+		d.note(fmt.Sprintf("share_threshold %v -> %v: its counters start afresh", o.ShareThreshold, r.ShareThreshold))
 	}
-	return out
+	return d
+}
+
+// diffs are the changes to one rule, in the order found.
+type diffs []string
+
+func (d *diffs) note(s string) { *d = append(*d, s) }
+
+// add notes a field whose value changed.
+func (d *diffs) add(what string, from, to any) {
+	if from != to {
+		d.note(fmt.Sprintf("%s %v -> %v", what, from, to))
+	}
+}
+
+// limit notes what changed between two limits.
+func (d *diffs) limit(ol, rl *config.RateLimit) {
+	if ol.RequestsPerUnit != rl.RequestsPerUnit && !ol.Unlimited && !rl.Unlimited {
+		dir := "raised"
+		if rl.RequestsPerUnit < ol.RequestsPerUnit {
+			dir = "lowered"
+		}
+		d.note(fmt.Sprintf("requests_per_unit %d -> %d (%s)", ol.RequestsPerUnit, rl.RequestsPerUnit, dir))
+	}
+	d.add("unlimited", ol.Unlimited, rl.Unlimited)
+	d.add("unit", ol.Unit, rl.Unit)
+	d.add("unit_multiplier", ol.UnitMultiplier, rl.UnitMultiplier)
+	d.add("algorithm", ol.Algorithm, rl.Algorithm)
+	d.add("burst", ol.Burst, rl.Burst)
+	d.add("lease", ol.Lease, rl.Lease)
+	d.add("rejected_hits", ol.RejectedHits, rl.RejectedHits)
+	if ol.CalendarSet || rl.CalendarSet {
+		d.add("calendar", ol.Calendar, rl.Calendar)
+	}
+	d.add("name", ol.Name, rl.Name)
+	d.add("replaces", strings.Join(ol.Replaces, ","), strings.Join(rl.Replaces, ","))
+	if !ol.Unlimited && !rl.Unlimited && (ol.Window() != rl.Window() || ol.Algorithm != rl.Algorithm || ol.Calendar != rl.Calendar) {
+		d.note("its counters start afresh (the window or algorithm is part of the counter key)")
+	}
 }

@@ -13,6 +13,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratelimitd/ratelimitd/internal/envcompat"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
 
@@ -145,8 +146,8 @@ func TestEnvoyproxyTableInReadme(t *testing.T) {
 		"DEBUG_PORT", "LOG_LEVEL", "LIMIT_RESPONSE_HEADERS_ENABLED", "GRPC_SERVER_USE_TLS", "USE_STATSD", "STATSD_HOST",
 		"STATSD_PORT", "STATSD_PROTOCOL", "DISABLE_STATS", "USE_PROMETHEUS", "PROMETHEUS_ADDR", "PROMETHEUS_PATH", "PROMETHEUS_MAPPER_YAML",
 		"USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS"}
-	for _, e := range append(envoyproxySettings, envoyproxyXDS...) {
-		names = append(names, e.name)
+	for _, e := range append(envcompat.Settings, envcompat.XDS...) {
+		names = append(names, e.Name)
 	}
 	names = append(names, "CONFIG_GRPC_XDS_SERVER_URL")
 	for _, n := range names {

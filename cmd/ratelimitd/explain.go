@@ -116,55 +116,70 @@ func describe(desc string, e service.Explanation) explained {
 		x.Description = "no rule: not limited"
 		return x
 	}
-	xr := &explainedRule{Path: r.Path, File: r.File, Line: r.Line, ShadowMode: r.ShadowMode, QuotaMode: r.QuotaMode,
-		ShareThreshold: r.ShareThreshold}
-	if r.FailureMode != config.FailureUnset {
-		xr.FailureMode = r.FailureMode.String()
-	}
+	x.Rule = explainRule(r)
 	var b strings.Builder
 	fmt.Fprintf(&b, "rule %s (%s:%d)", r.Path, r.File, r.Line)
-	if l := r.Limit; l != nil {
-		xr.RequestsPerUnit, xr.Unlimited, xr.Name, xr.Replaces = l.RequestsPerUnit, l.Unlimited, l.Name, l.Replaces
-		if !l.Unlimited {
-			xr.Unit, xr.UnitMultiplier, xr.Algorithm = l.Unit.String(), l.UnitMultiplier, l.Algorithm.String()
-			if l.Burst > 0 {
-				xr.Burst = l.Burst
-			}
-			xr.Lease, xr.Calendar = l.Lease, l.Calendar
-			if l.RejectedHits != config.RejectedUnset {
-				xr.RejectedHits = l.RejectedHits.String()
-			}
-		}
-	}
-	x.Rule = xr
 	switch e.Outcome {
 	case service.ReasonNoRule:
 		b.WriteString(": no rate_limit: not limited")
 	case service.OutcomeUnlimited:
 		b.WriteString(": unlimited")
 	case service.ReasonReplaced:
-		fmt.Fprintf(&b, ": its limit %q is replaced by the limit of %s (another descriptor of the request): not limited", xr.Name, e.ReplacedBy)
+		fmt.Fprintf(&b, ": its limit %q is replaced by the limit of %s (another descriptor of the request): not limited", x.Rule.Name, e.ReplacedBy)
 	default:
-		b.WriteString(": " + limitSummary(r))
-		if xr.Name != "" {
-			fmt.Fprintf(&b, ", name %q", xr.Name)
-		}
-		if len(xr.Replaces) > 0 {
-			fmt.Fprintf(&b, ", replaces %s", strings.Join(xr.Replaces, ", "))
-		}
-		if xr.ShareThreshold {
-			b.WriteString(", one counter for every matching value")
-		}
-		if xr.FailureMode != "" {
-			fmt.Fprintf(&b, ", failure_mode %s", xr.FailureMode)
-		}
-		if xr.RejectedHits != "" {
-			fmt.Fprintf(&b, ", rejected_hits %s", xr.RejectedHits)
-		}
-		if xr.Calendar {
-			b.WriteString(", by the UTC calendar " + xr.Unit)
-		}
+		b.WriteString(": " + limitSummary(r) + x.Rule.details())
 	}
 	x.Description = b.String()
 	return x
+}
+
+// explainRule is what explain shows of a rule.
+func explainRule(r *config.Rule) *explainedRule {
+	xr := &explainedRule{Path: r.Path, File: r.File, Line: r.Line, ShadowMode: r.ShadowMode, QuotaMode: r.QuotaMode,
+		ShareThreshold: r.ShareThreshold}
+	if r.FailureMode != config.FailureUnset {
+		xr.FailureMode = r.FailureMode.String()
+	}
+	l := r.Limit
+	if l == nil {
+		return xr
+	}
+	xr.RequestsPerUnit, xr.Unlimited, xr.Name, xr.Replaces = l.RequestsPerUnit, l.Unlimited, l.Name, l.Replaces
+	if l.Unlimited {
+		return xr
+	}
+	xr.Unit, xr.UnitMultiplier, xr.Algorithm = l.Unit.String(), l.UnitMultiplier, l.Algorithm.String()
+	if l.Burst > 0 {
+		xr.Burst = l.Burst
+	}
+	xr.Lease, xr.Calendar = l.Lease, l.Calendar
+	if l.RejectedHits != config.RejectedUnset {
+		xr.RejectedHits = l.RejectedHits.String()
+	}
+	return xr
+}
+
+// details are a limited rule's settings beyond its limit, for its
+// description.
+func (xr *explainedRule) details() string {
+	var b strings.Builder
+	if xr.Name != "" {
+		fmt.Fprintf(&b, ", name %q", xr.Name)
+	}
+	if len(xr.Replaces) > 0 {
+		fmt.Fprintf(&b, ", replaces %s", strings.Join(xr.Replaces, ", "))
+	}
+	if xr.ShareThreshold {
+		b.WriteString(", one counter for every matching value")
+	}
+	if xr.FailureMode != "" {
+		fmt.Fprintf(&b, ", failure_mode %s", xr.FailureMode)
+	}
+	if xr.RejectedHits != "" {
+		fmt.Fprintf(&b, ", rejected_hits %s", xr.RejectedHits)
+	}
+	if xr.Calendar {
+		b.WriteString(", by the UTC calendar " + xr.Unit)
+	}
+	return b.String()
 }

@@ -106,9 +106,9 @@ func TestRLQSOff(t *testing.T) {
 func TestRLQSFlags(t *testing.T) {
 	rules := writeRules(t, rlqsRules)
 	for _, tt := range []struct{ flag, value, want string }{
-		{"--rlqs-max-streams", "0", "--rlqs-max-streams (0)"},
-		{"--rlqs-max-buckets", "-1", "--rlqs-max-buckets (-1)"},
-		{"--rlqs-margin", "0s", "--rlqs-margin 0s"},
+		{"--rlqs-max-streams", "0", "-rlqs-max-streams"},
+		{"--rlqs-max-buckets", "-1", "-rlqs-max-buckets"},
+		{"--rlqs-margin", "0s", "-rlqs-margin"},
 		{"--rlqs-idle-after", "1s", "--rlqs-idle-after 1s"},
 	} {
 		// Bounded: a value wrongly accepted starts a server, which the

@@ -204,7 +204,7 @@ func TestFlagWinsOverEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.keyPrefix != "flag:" || s.config != "r.yaml" || s.localCacheSize != 64<<20 || s.responseHeaders.String() != "legacy" || s.redisTimeout != 20*time.Millisecond {
+	if s.svc.KeyPrefix != "flag:" || s.config != "r.yaml" || s.localCacheSize != 64<<20 || s.responseHeaders.String() != "legacy" || s.redis.Timeout != 20*time.Millisecond {
 		t.Errorf("settings = %+v", s)
 	}
 }
@@ -284,7 +284,8 @@ func TestEmbeddedStoreEndToEnd(t *testing.T) {
 	if err := in.stop(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := http.Get("http://" + in.httpAddr + "/healthcheck"); err == nil {
+	if resp, err := http.Get("http://" + in.httpAddr + "/healthcheck"); err == nil {
+		resp.Body.Close()
 		t.Error("still serving HTTP after shutdown")
 	}
 }

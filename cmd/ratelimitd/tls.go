@@ -45,12 +45,11 @@ type identity struct {
 	pool                      atomic.Pointer[x509.CertPool]
 }
 
-// newIdentity loads the files; nil when none is set.
-func newIdentity(name, certFlag, caFlag, certFile, keyFile, caFile string) (*identity, error) {
-	if certFile == "" && caFile == "" {
+// loadIdentity loads id's files; nil when none is set.
+func loadIdentity(id *identity) (*identity, error) {
+	if id.certFile == "" && id.caFile == "" {
 		return nil, nil
 	}
-	id := &identity{name: name, certFlag: certFlag, caFlag: caFlag, certFile: certFile, keyFile: keyFile, caFile: caFile}
 	return id, id.reload()
 }
 

@@ -27,7 +27,7 @@ func xdsTLS(x *xdsSettings, id *identity) *tls.Config {
 	if id != nil && id.caFile != "" {
 		name := x.serverName
 		if name == "" {
-			name, _, _ = net.SplitHostPort(x.server)
+			name, _, _ = net.SplitHostPort(x.opts.Server)
 		}
 		c.InsecureSkipVerify = true // replaced by VerifyConnection, which runs on every handshake
 		c.VerifyConnection = tlsverify.Against(id.roots, name, "xds: the management server")
@@ -35,26 +35,31 @@ func xdsTLS(x *xdsSettings, id *identity) *tls.Config {
 	return c
 }
 
-// startXDS receives the rules from --xds-server in the background until
-// ctx is done, handing each set to apply, and returns once the first
+// xdsStart is what startXDS needs.
+type xdsStart struct {
+	x     *xdsSettings
+	id    *identity // TLS files, nil for none
+	load  config.Options
+	m     *metrics.Metrics
+	log   *slog.Logger
+	apply func(*config.Snapshot, error)
+}
+
+// startXDS receives the rules from --xds-server in the background (on wg)
+// until ctx is done, handing each set to apply, and returns once the first
 // valid set is in force — at once with --xds-start-without-rules.
-func startXDS(ctx context.Context, wg *sync.WaitGroup, x *xdsSettings, id *identity, opts config.Options,
-	m *metrics.Metrics, log *slog.Logger, apply func(*config.Snapshot, error)) error {
-	meta, _ := parsePairs(x.nodeMeta) // checked with the flags
-	headers, _ := parsePairs(x.headers)
+func startXDS(ctx context.Context, wg *sync.WaitGroup, st xdsStart) error {
+	x, log := st.x, st.log
 	first := make(chan struct{})
 	var once sync.Once
 	failed := make(chan error, 1)
-	xo := xds.Options{
-		Server: x.server, NodeID: x.nodeID, NodeMetadata: meta, Headers: headers, TLS: xdsTLS(x, id),
-		MaxMessage: int(x.maxMessage), BackoffInitial: x.backoffInitial, BackoffMax: x.backoffMax,
-		Load: opts, Metrics: m, Logger: log,
-		OnLoad: func(s *config.Snapshot, err error) {
-			apply(s, err)
-			if err == nil {
-				once.Do(func() { close(first) })
-			}
-		},
+	xo := x.opts
+	xo.TLS, xo.Load, xo.Metrics, xo.Logger = xdsTLS(x, st.id), st.load, st.m, log
+	xo.OnLoad = func(s *config.Snapshot, err error) {
+		st.apply(s, err)
+		if err == nil {
+			once.Do(func() { close(first) })
+		}
 	}
 	wg.Go(func() {
 		if err := xds.Run(ctx, xo); err != nil {
@@ -66,10 +71,10 @@ func startXDS(ctx context.Context, wg *sync.WaitGroup, x *xdsSettings, id *ident
 		if x.beforeRules == "ok" {
 			answer = "OK, with no limit"
 		}
-		log.Warn("serving before --xds-server sent rules: every request is answered "+answer+" until it does", "server", x.server)
+		log.Warn("serving before --xds-server sent rules: every request is answered "+answer+" until it does", "server", xo.Server)
 		return nil
 	}
-	log.Info("waiting for the first rules from --xds-server", "server", x.server, "node", x.nodeID)
+	log.Info("waiting for the first rules from --xds-server", "server", xo.Server, "node", xo.NodeID)
 	select {
 	case <-first:
 		return nil

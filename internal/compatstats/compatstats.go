@@ -27,6 +27,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/options"
+
 	gostats "github.com/lyft/gostats"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -95,6 +97,23 @@ type Options struct {
 	// (GOSTATS_*, USE_STATSD, STATSD_PORT), so that a value it cannot
 	// parse is an error here rather than its panic. Nil means os.Getenv.
 	Getenv func(string) string
+}
+
+// Validate refuses options no sink can run with, naming the field. Zero
+// values stand for the defaults. (A statsd address is checked by New: it
+// must resolve.)
+func (o Options) Validate() error {
+	switch {
+	case o.StatsdProtocol != "" && o.StatsdProtocol != "tcp" && o.StatsdProtocol != "udp":
+		return options.Errorf("compatstats", "StatsdProtocol", "%q: want tcp or udp", o.StatsdProtocol)
+	case o.DogStatsd && o.StatsdAddr == "":
+		return options.Errorf("compatstats", "DogStatsd", "needs a statsd address")
+	case o.FlushInterval < 0:
+		return options.Errorf("compatstats", "FlushInterval", "%v: want positive", o.FlushInterval)
+	case o.NearLimitRatio < 0 || o.NearLimitRatio > 1:
+		return options.Errorf("compatstats", "NearLimitRatio", "%v: want in (0, 1]", o.NearLimitRatio)
+	}
+	return nil
 }
 
 // Stats holds the counters and the sinks. A nil *Stats counts nothing.

@@ -13,9 +13,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/options"
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
@@ -98,6 +101,24 @@ type Options struct {
 	// letting it read Redis TIME. Tests only: it lets them script a
 	// timeline. Production leaves it nil.
 	ScriptTime func() time.Time
+}
+
+// Validate refuses options no store can run with, naming the field. Zero
+// values stand for the defaults.
+func (o Options) Validate() error {
+	switch {
+	case o.Mode != "" && o.Mode != ModeSingle && o.Mode != ModeSentinel && o.Mode != ModeCluster:
+		return options.Errorf("redisstore", "Mode", "%q: want single, sentinel or cluster", o.Mode)
+	case o.Timeout < 0:
+		return options.Errorf("redisstore", "Timeout", "%v: want positive", o.Timeout)
+	case o.BreakerOpenAfter < 0:
+		return options.Errorf("redisstore", "BreakerOpenAfter", "%v: want positive", o.BreakerOpenAfter)
+	case o.LeaseInterval > time.Minute:
+		return options.Errorf("redisstore", "LeaseInterval", "%v: want at most 1m", o.LeaseInterval)
+	case (o.ClientCert != nil || o.RootCAs != nil) && o.URL != "" && !strings.HasPrefix(o.URL, "rediss://"):
+		return options.Errorf("redisstore", "URL", "%s: TLS files need a rediss:// URL", Redact(o.URL))
+	}
+	return nil
 }
 
 // Store is a Redis-backed store. It is safe for concurrent use.

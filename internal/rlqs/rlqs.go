@@ -19,6 +19,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/options"
+
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc"
@@ -98,6 +100,26 @@ type Options struct {
 	Metrics *metrics.Metrics
 	// Logger receives stream errors. Nil discards.
 	Logger *slog.Logger
+}
+
+// Validate refuses options no server can run with, naming the field.
+// Zero values stand for the defaults.
+func (o Options) Validate() error {
+	switch {
+	case o.MaxStreams < 0:
+		return options.Errorf("rlqs", "MaxStreams", "%d: want at least 1", o.MaxStreams)
+	case o.MaxBuckets < 0:
+		return options.Errorf("rlqs", "MaxBuckets", "%d: want at least 1", o.MaxBuckets)
+	case o.MaxBucketIDBytes < 0:
+		return options.Errorf("rlqs", "MaxBucketIDBytes", "%d: want at least 1", o.MaxBucketIDBytes)
+	case o.Margin < 0 || o.Margin > time.Minute:
+		return options.Errorf("rlqs", "Margin", "%v: want more than 0, at most 1m", o.Margin)
+	case o.IdleAfter != 0 && o.IdleAfter < ReportPeriod:
+		return options.Errorf("rlqs", "IdleAfter", "%v: want at least %v (Envoy reports every 5 s)", o.IdleAfter, ReportPeriod)
+	case o.FailureTTL < 0 || o.AllowTTL < 0:
+		return options.Errorf("rlqs", "FailureTTL", "%v, AllowTTL %v: want positive", o.FailureTTL, o.AllowTTL)
+	}
+	return nil
 }
 
 // Server serves RateLimitQuotaService. It is safe for concurrent use.

@@ -70,12 +70,11 @@ type bucket struct {
 
 	// What the Envoy holds: the last strategy sent, the grant's hits
 	// and the allowed requests reported since, and when it expires.
-	sent           sent
-	granted, used  uint64
-	sentAt         time.Time // of the grant
-	expires        time.Time
-	wake           time.Time // push a grant for the next window then
-	failureAnswers bool      // the last answer was the failure mode's
+	sent          sent
+	granted, used uint64
+	sentAt        time.Time // of the grant
+	expires       time.Time
+	wake          time.Time // push a grant for the next window then
 	// foreign: the Envoy may hold a token bucket another stream (another
 	// instance, before a failover or restart) assigned, so the first
 	// token bucket sent is preceded by a DENY_ALL, as a replacement is:

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/options"
+
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
@@ -126,6 +128,26 @@ type Options struct {
 	// deadlines derived from durations the store returned; windows come
 	// from the store's clock. Nil means time.Now.
 	Now func() time.Time
+}
+
+// Validate refuses options no service can run with, naming the field.
+// Zero values stand for the defaults.
+func (o Options) Validate() error {
+	for _, h := range []struct{ field, v string }{{"HeaderNames.Limit", o.HeaderNames.Limit},
+		{"HeaderNames.Remaining", o.HeaderNames.Remaining}, {"HeaderNames.Reset", o.HeaderNames.Reset}} {
+		if h.v != "" && !ValidHeaderName(h.v) {
+			return options.Errorf("service", h.field, "%q: not an HTTP header name", h.v)
+		}
+	}
+	switch {
+	case o.NearLimitRatio < 0 || o.NearLimitRatio > 1:
+		return options.Errorf("service", "NearLimitRatio", "%v: want in (0, 1]", o.NearLimitRatio)
+	case o.UsageTimeout != 0 && (o.UsageTimeout < time.Second || o.UsageTimeout > 24*time.Hour || o.UsageTimeout%time.Second != 0):
+		return options.Errorf("service", "UsageTimeout", "%v: want whole seconds from 1s to 24h", o.UsageTimeout)
+	case o.DeadlineMargin < 0:
+		return options.Errorf("service", "DeadlineMargin", "%v: want positive", o.DeadlineMargin)
+	}
+	return nil
 }
 
 // Service answers rate-limit requests. It is safe for concurrent use.

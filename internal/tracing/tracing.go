@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/options"
+
 	"github.com/ratelimitd/ratelimitd/internal/lograte"
 	"go.opentelemetry.io/contrib/propagators/b3"
 	"go.opentelemetry.io/otel/attribute"
@@ -63,6 +65,19 @@ type Options struct {
 	Logger *slog.Logger
 	// Exporter, when set, replaces the OTLP exporter (benchmarks, tests).
 	Exporter sdktrace.SpanExporter
+}
+
+// Validate refuses options no pipeline can run with, naming the field.
+func (o Options) Validate() error {
+	switch {
+	case o.Protocol != "" && o.Protocol != "grpc" && o.Protocol != "http":
+		return options.Errorf("tracing", "Protocol", "%q: want grpc or http", o.Protocol)
+	case o.SamplingRate < 0 || o.SamplingRate > 1:
+		return options.Errorf("tracing", "SamplingRate", "%v: want from 0 to 1", o.SamplingRate)
+	case o.QueueSize < 0:
+		return options.Errorf("tracing", "QueueSize", "%d: want positive", o.QueueSize)
+	}
+	return nil
 }
 
 // Tracing is a running trace pipeline. A nil *Tracing traces nothing.

@@ -23,6 +23,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/options"
+
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	sotw "github.com/envoyproxy/go-control-plane/pkg/client/sotw/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -88,6 +90,20 @@ type Options struct {
 	// Metrics gets whether the stream is open.
 	Metrics *metrics.Metrics
 	Logger  *slog.Logger
+}
+
+// Validate refuses options no client can run with, naming the field.
+// Zero values stand for the defaults.
+func (o Options) Validate() error {
+	switch {
+	case o.MaxMessage != 0 && o.MaxMessage < 1024:
+		return options.Errorf("xds", "MaxMessage", "%d: want at least 1024", o.MaxMessage)
+	case o.BackoffInitial < 0:
+		return options.Errorf("xds", "BackoffInitial", "%v: want positive", o.BackoffInitial)
+	case o.BackoffMax != 0 && o.BackoffMax < o.BackoffInitial:
+		return options.Errorf("xds", "BackoffMax", "%v: shorter than the initial backoff (%v)", o.BackoffMax, o.BackoffInitial)
+	}
+	return nil
 }
 
 // Run keeps a stream to the management server open until ctx is done,

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestFlagBounds: every bound on a flag's value is checked by
+// parseSettings alone, no server started, and the error names the flag.
+func TestFlagBounds(t *testing.T) {
+	base := []string{"--config", "rules.yaml"}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rlqs-max-streams", "0"}, "-rlqs-max-streams"},
+		{[]string{"--rlqs-margin", "2m"}, "--rlqs-margin 2m0s: want more than 0, at most 1m"},
+		{[]string{"--rlqs-idle-after", "1s"}, "--rlqs-idle-after 1s"},
+		{[]string{"--redis-timeout", "0s"}, "-redis-timeout"},
+		{[]string{"--redis-url", "redis://h:1", "--redis-mode", "ring"}, `--redis-mode "ring": want single, sentinel or cluster`},
+		{[]string{"--lease-interval", "2m"}, "--lease-interval 2m0s: want at most 1m"},
+		{[]string{"--usage-timeout", "1500ms"}, "--usage-timeout 1.5s: want whole seconds from 1s to 24h"},
+		{[]string{"--near-limit-ratio", "1.5"}, "-near-limit-ratio"},
+		{[]string{"--response-header-limit", "bad header"}, `--response-header-limit "bad header": not an HTTP header name`},
+		{[]string{"--tracing-protocol", "udp"}, `--tracing-protocol "udp": want grpc or http`},
+		{[]string{"--tracing-sampling-rate", "2"}, "--tracing-sampling-rate 2: want from 0 to 1"},
+		{[]string{"--statsd-protocol", "sctp"}, `--statsd-protocol "sctp": want tcp or udp`},
+		{[]string{"--dogstatsd"}, "--dogstatsd needs a statsd address"},
+		{[]string{"--stats-flush-interval", "-1s"}, "-stats-flush-interval"},
+		{[]string{"--xds-max-message-size", "100"}, "--xds-max-message-size 100: want at least 1024"},
+		{[]string{"--statsd-tags", "nokv"}, "-statsd-tags"},
+		{[]string{"--log-format", "xml"}, "--log-format must be text or json"},
+		{[]string{"--grpc-max-concurrent-streams", "0"}, "-grpc-max-concurrent-streams"},
+	} {
+		_, err := parseSettings(append(base, tt.args...), func(string) string { return "" }, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%v: %v, want an error containing %q", tt.args, err, tt.want)
+		}
+	}
+	// xDS's backoffs go together, and their bounds hold over xDS too.
+	_, err := parseSettings([]string{"--xds-server", "x:1", "--xds-backoff-initial", "1m", "--xds-backoff-max", "1s"}, func(string) string { return "" }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--xds-backoff-max 1s") {
+		t.Errorf("backoff max under initial: %v", err)
+	}
+	s, err := parseSettings(append(base, "--rlqs-margin", "2s", "--statsd-tags", "a:1,b=2", "--near-limit-ratio", "0.5"), func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.rlqs.Margin != 2*time.Second || s.stats.opts.Tags["a"] != "1" || s.stats.opts.Tags["b"] != "2" || s.stats.opts.NearLimitRatio != 0.5 || s.svc.NearLimitRatio != 0.5 {
+		t.Errorf("parsed once into the options: margin %v, tags %v, ratios %v %v", s.rlqs.Margin, s.stats.opts.Tags, s.stats.opts.NearLimitRatio, s.svc.NearLimitRatio)
+	}
+}

@@ -1,0 +1,472 @@
+// Package envcompat maps another rate limiter's environment variables onto
+// ratelimitd's flags, so that its image can replace that limiter's with
+// the Deployment unchanged: a pure function from the environment to flag
+// assignments, which the command applies beneath its own variables and
+// flags.
+package envcompat
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/ratelimitd/ratelimitd/internal/compatstats"
+)
+
+// Assignment is a flag and the value a variable gives it.
+type Assignment struct{ Flag, Value string }
+
+// Result is what an environment maps to.
+type Result struct {
+	// Flags are the flag values the variables stand for, in order.
+	Flags []Assignment
+	// RedisPassword is REDIS_AUTH's password (its user goes in the URL).
+	RedisPassword string
+	// Ignored are the variables set that ratelimitd does without, each
+	// with why.
+	Ignored []string
+	// Mogrifiers are the DogStatsD mogrifiers the variables define.
+	Mogrifiers []compatstats.Mogrifier
+}
+
+// Setting is one of envoyproxy/ratelimit's environment variables and
+// what becomes of it.
+type Setting struct {
+	Name string
+	// Flag is the ratelimitd flag it sets ("" when it is read with
+	// others, or ignored); Ignore says why ratelimitd does without it;
+	// Refuse says why it cannot honour a value other than OK.
+	Flag   string
+	Ignore string
+	Refuse string
+	OK     []string // values that need no flag (Refuse applies to others)
+}
+
+// Settings are the incumbent's variables and what becomes of each. Those
+// read together (Redis address, runtime directory, listen addresses,
+// stats sinks, tracing) are handled in Envoyproxy; docs/migrating.md
+// lists them all.
+var Settings = []Setting{
+	{Name: "LOCAL_CACHE_SIZE_IN_BYTES", Flag: "local-cache-size"},
+	{Name: "CACHE_KEY_PREFIX", Flag: "key-prefix"},
+	{Name: "SHADOW_MODE", Flag: "shadow-mode"},
+	{Name: "MERGE_DOMAIN_CONFIG", Flag: "merge-domains"},
+	{Name: "NEAR_LIMIT_RATIO", Flag: "near-limit-ratio"},
+	{Name: "LOG_FORMAT", Flag: "log-format"},
+	{Name: "GRPC_SERVER_TLS_CERT", Flag: "grpc-tls-cert"},
+	{Name: "GRPC_SERVER_TLS_KEY", Flag: "grpc-tls-key"},
+	{Name: "GRPC_CLIENT_TLS_CACERT", Flag: "grpc-client-ca"},
+	{Name: "REDIS_TLS_CACERT", Flag: "redis-tls-ca"},
+	{Name: "REDIS_TLS_CLIENT_CERT", Flag: "redis-tls-cert"},
+	{Name: "REDIS_TLS_CLIENT_KEY", Flag: "redis-tls-key"},
+	{Name: "BACKEND_TYPE", OK: []string{"redis"}, Refuse: "ratelimitd keeps counters in Redis (or in process); there is no memcache backend"},
+	{Name: "CONFIG_TYPE", OK: []string{"FILE", "GRPC_XDS_SOTW"}, Refuse: "want FILE or GRPC_XDS_SOTW"},
+	{Name: "REDIS_SENTINEL_AUTH", Refuse: "sentinels that require a password are not supported"},
+	{Name: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", OK: []string{"false"}, Refuse: "ratelimitd always verifies Redis's certificate name"},
+	{Name: "GRPC_CLIENT_TLS_SAN", Refuse: "client certificates are verified against --grpc-client-ca, not a SAN"},
+	{Name: "GRPC_UDS", Refuse: "gRPC on a unix socket is not supported"},
+	{Name: "QUOTA_MODE", OK: []string{"false"}, Refuse: "global quota mode is not supported; set quota_mode on the rules"},
+	{Name: "LIMIT_LIMIT_HEADER", Flag: "response-header-limit"},
+	{Name: "LIMIT_REMAINING_HEADER", Flag: "response-header-remaining"},
+	{Name: "LIMIT_RESET_HEADER", Flag: "response-header-reset"},
+	{Name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Ignore: "a rejected request never consumes, always"},
+	{Name: "EXPIRATION_JITTER_MAX_SECONDS", Ignore: "keys expire at their window's end, set in the same script"},
+	{Name: "RESPONSE_DYNAMIC_METADATA", Ignore: "rule metadata is not returned; --decision-metadata explains decisions"},
+	{Name: "RUNTIME_WATCH_ROOT", Ignore: "the rules directory is watched for every kind of change"},
+	{Name: "RUNTIME_IGNOREDOTFILES", Ignore: "dot files are always skipped"},
+	{Name: "EXTRA_TAGS", Flag: "statsd-tags"},
+	{Name: "STATS_FLUSH_INTERVAL", Flag: "stats-flush-interval"},
+	{Name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", OK: []string{"false"}, Refuse: "the response time histogram is in seconds (the mapping's scale: 0.001), as the incumbent's default"},
+	{Name: "GRPC_SERVER_TLS_CA_CERT", Ignore: "not a variable envoyproxy/ratelimit reads (it verifies clients with GRPC_CLIENT_TLS_CACERT), so not one ratelimitd reads either"},
+	{Name: "REDIS_POOL_SIZE", Ignore: "one batching connection per Redis serves every request (--redis-dispatchers)"},
+	{Name: "REDIS_PIPELINE_WINDOW", Ignore: "requests are batched with no added wait"},
+	{Name: "REDIS_PIPELINE_LIMIT", Ignore: "requests are batched with no added wait"},
+	{Name: "REDIS_TIMEOUT", Ignore: "every Redis call is bounded by --redis-timeout (50ms)"},
+	{Name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", Ignore: "calls are bounded by --redis-timeout"},
+	{Name: "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Ignore: "health stays SERVING and Redis failures answer by failure_mode"},
+	{Name: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Ignore: "the service serves only once it has valid rules, unless --xds-start-without-rules"},
+	{Name: "GRPC_MAX_CONNECTION_AGE", Ignore: "fixed at 24h"},
+	{Name: "GRPC_MAX_CONNECTION_AGE_GRACE", Ignore: "fixed at 1h"},
+	{Name: "TRACING_SERVICE_NAME", Flag: "tracing-service-name"},
+	{Name: "TRACING_SERVICE_NAMESPACE", Flag: "tracing-service-namespace"},
+	{Name: "TRACING_SERVICE_INSTANCE_ID", Flag: "tracing-service-instance-id"},
+	{Name: "TRACING_SAMPLING_RATE", Flag: "tracing-sampling-rate"},
+	{Name: "TRACING_EXPORTER_PROTOCOL", Flag: "tracing-protocol"},
+}
+
+// XDS are the incumbent's xDS variables, read when
+// CONFIG_TYPE=GRPC_XDS_SOTW, with the flags they set.
+var XDS = []Setting{
+	{Name: "CONFIG_GRPC_XDS_NODE_ID", Flag: "xds-node-id"},
+	{Name: "CONFIG_GRPC_XDS_NODE_METADATA", Flag: "xds-node-metadata"},
+	{Name: "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", Flag: "xds-headers"},
+	{Name: "CONFIG_GRPC_XDS_SERVER_USE_TLS", Flag: "xds-tls"},
+	{Name: "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Flag: "xds-tls-cert"},
+	{Name: "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Flag: "xds-tls-key"},
+	{Name: "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Flag: "xds-tls-ca"},
+	{Name: "CONFIG_GRPC_XDS_SERVER_TLS_SAN", Flag: "xds-tls-server-name"},
+	{Name: "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Flag: "xds-max-message-size"},
+	{Name: "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Flag: "xds-backoff-initial"},
+	{Name: "XDS_CLIENT_BACKOFF_MAX_INTERVAL", Flag: "xds-backoff-max"},
+	{Name: "FORCE_START_WITHOUT_INITIAL_CONFIG", Flag: "xds-start-without-rules"},
+	{Name: "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Ignore: "the wait is always jittered within its second half"},
+	{Name: "XDS_CLIENT_BACKOFF_JITTER", Ignore: "the wait is always jittered within its second half"},
+	{Name: "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Ignore: "reconnects follow --xds-backoff-initial and --xds-backoff-max"},
+}
+
+// mapper reads one environment into a Result.
+type mapper struct {
+	getenv func(string) string
+	res    Result
+}
+
+func (m *mapper) set(flag, v string) { m.res.Flags = append(m.res.Flags, Assignment{flag, v}) }
+
+func (m *mapper) ignore(name, why string) { m.res.Ignored = append(m.res.Ignored, name+": "+why) }
+
+func (m *mapper) isTrue(name string) bool {
+	b, _ := strconv.ParseBool(m.getenv(name))
+	return b
+}
+
+// Envoyproxy maps envoyproxy/ratelimit's environment: the flag values it
+// stands for, a Redis password (REDIS_AUTH), the variables set but
+// ignored (with why), or an error naming a variable whose meaning
+// ratelimitd cannot honour.
+func Envoyproxy(getenv func(string) string) (Result, error) {
+	m := &mapper{getenv: getenv}
+	for _, step := range []func() error{
+		func() error { return m.table(Settings) },
+		m.stats,
+		m.tracing,
+		m.misc,
+		m.listen,
+		m.rules,
+		m.redis,
+		m.perSecond,
+		m.mogrifiers,
+	} {
+		if err := step(); err != nil {
+			return Result{}, err
+		}
+	}
+	// REDIS_AUTH is "password" or "user:password"; the user is in the URL.
+	m.res.RedisPassword = getenv("REDIS_AUTH")
+	if _, pass, ok := strings.Cut(m.res.RedisPassword, ":"); ok {
+		m.res.RedisPassword = pass
+	}
+	return m.res, nil
+}
+
+// table takes a table's variables: the flags they set, those ignored, or
+// an error for a value that cannot be honoured.
+func (m *mapper) table(table []Setting) error {
+	for _, e := range table {
+		v := m.getenv(e.Name)
+		switch {
+		case v == "":
+		case e.Flag != "":
+			m.set(e.Flag, v)
+		case e.Refuse != "" && !slices.ContainsFunc(e.OK, func(ok string) bool { return strings.EqualFold(ok, v) }):
+			return fmt.Errorf("%s=%q: %s", e.Name, v, e.Refuse)
+		case e.Ignore != "":
+			m.ignore(e.Name, e.Ignore)
+		}
+	}
+	return nil
+}
+
+// tracing: TRACING_ENABLED turns tracing on, towards the collector the
+// standard OTEL_EXPORTER_OTLP_ENDPOINT names (default: OTLP's port of the
+// protocol on this host, as the SDK's), over OTLP/HTTP unless
+// TRACING_EXPORTER_PROTOCOL says grpc: the incumbent's settings default it
+// to http.
+func (m *mapper) tracing() error {
+	if !m.isTrue("TRACING_ENABLED") {
+		return nil
+	}
+	proto := m.getenv("TRACING_EXPORTER_PROTOCOL")
+	if proto == "" {
+		m.set("tracing-protocol", "http")
+	}
+	endpoint := m.getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	switch {
+	case endpoint != "":
+	case strings.EqualFold(proto, "grpc"):
+		endpoint = "localhost:4317"
+	default:
+		endpoint = "localhost:4318"
+	}
+	m.set("tracing-endpoint", endpoint)
+	return nil
+}
+
+// misc reads the variables that stand for one flag each but for a value's
+// form.
+func (m *mapper) misc() error {
+	if v := m.getenv("LOG_LEVEL"); v != "" {
+		m.set("log-level", strings.ToLower(v))
+	}
+	if m.isTrue("LIMIT_RESPONSE_HEADERS_ENABLED") {
+		m.set("response-headers", "legacy")
+	}
+	if !m.isTrue("GRPC_SERVER_USE_TLS") && m.getenv("GRPC_SERVER_TLS_CERT") != "" {
+		return fmt.Errorf("GRPC_SERVER_TLS_CERT is set but GRPC_SERVER_USE_TLS is not true")
+	}
+	return nil
+}
+
+// listen reads the listen addresses: HOST:PORT, GRPC_HOST:GRPC_PORT and
+// DEBUG_HOST:DEBUG_PORT.
+func (m *mapper) listen() error {
+	for _, l := range []struct{ host, port, flag string }{{"HOST", "PORT", "http-addr"}, {"GRPC_HOST", "GRPC_PORT", "grpc-addr"}, {"DEBUG_HOST", "DEBUG_PORT", "debug-addr"}} {
+		h, p := m.getenv(l.host), m.getenv(l.port)
+		if p == "" && h == "" {
+			continue
+		}
+		if p == "" {
+			return fmt.Errorf("%s is set without %s", l.host, l.port)
+		}
+		m.set(l.flag, net.JoinHostPort(h, p))
+	}
+	return nil
+}
+
+// rules reads where the rules come from: over xDS, or in
+// ROOT/SUBDIRECTORY/APPDIRECTORY.
+func (m *mapper) rules() error {
+	if !strings.EqualFold(m.getenv("CONFIG_TYPE"), "GRPC_XDS_SOTW") {
+		if m.getenv("FORCE_START_WITHOUT_INITIAL_CONFIG") != "" {
+			m.ignore("FORCE_START_WITHOUT_INITIAL_CONFIG", "rules files are loaded before serving")
+		}
+		if sub := m.getenv("RUNTIME_SUBDIRECTORY"); sub != "" {
+			root, app := m.getenv("RUNTIME_ROOT"), m.getenv("RUNTIME_APPDIRECTORY")
+			if root == "" {
+				root = "/srv/runtime_data/current"
+			}
+			if app == "" {
+				app = "config"
+			}
+			m.set("config", filepath.Join(root, sub, app))
+		}
+		return nil
+	}
+	server := m.getenv("CONFIG_GRPC_XDS_SERVER_URL")
+	if server == "" {
+		server = "localhost:18000" // the incumbent's default
+	}
+	m.set("xds-server", server)
+	if err := m.table(XDS); err != nil {
+		return err
+	}
+	for _, v := range []string{"RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY"} {
+		if m.getenv(v) != "" {
+			m.ignore(v, "CONFIG_TYPE=GRPC_XDS_SOTW: the rules come over xDS")
+		}
+	}
+	return nil
+}
+
+// redis reads the main Redis: its URL and mode.
+func (m *mapper) redis() error {
+	u, mode, err := m.redisURL("REDIS_")
+	if err == nil && u != "" {
+		m.set("redis-url", u)
+		m.set("redis-mode", mode)
+	}
+	return err
+}
+
+// perSecond reads the per-second Redis (REDIS_PERSECOND=true): the main
+// one's mode, its password in its URL (--redis-password-file is the main
+// Redis's).
+func (m *mapper) perSecond() error {
+	if !m.isTrue("REDIS_PERSECOND") {
+		return nil
+	}
+	_, mode, _ := m.redisURL("REDIS_")
+	pu, pmode, err := m.redisURL("REDIS_PERSECOND_")
+	switch {
+	case err != nil:
+		return err
+	case pu == "":
+		return fmt.Errorf("REDIS_PERSECOND=true without REDIS_PERSECOND_URL")
+	case pmode != mode:
+		return fmt.Errorf("REDIS_PERSECOND_TYPE %s differs from REDIS_TYPE %s: the per-second Redis takes the main one's mode", pmode, mode)
+	}
+	if auth := m.getenv("REDIS_PERSECOND_AUTH"); auth != "" && !strings.Contains(pu, "@") {
+		if _, pass, ok := strings.Cut(auth, ":"); ok {
+			auth = pass
+		}
+		pu = strings.Replace(pu, "://", "://"+url.UserPassword("", auth).String()+"@", 1)
+	}
+	m.set("redis-persecond-url", pu)
+	return nil
+}
+
+// redisURL builds a Redis URL and mode from the variables starting with
+// prefix ("REDIS_" or "REDIS_PERSECOND_"): TYPE, URL, SOCKET_TYPE, TLS and
+// AUTH's user.
+func (m *mapper) redisURL(prefix string) (string, string, error) {
+	raw := m.getenv(prefix + "URL")
+	if raw == "" {
+		return "", "", nil
+	}
+	scheme := "redis"
+	if m.isTrue(prefix + "TLS") {
+		scheme = "rediss"
+	}
+	user := ""
+	if u, _, ok := strings.Cut(m.getenv(prefix+"AUTH"), ":"); ok && u != "" {
+		user = u + "@"
+	}
+	switch strings.ToLower(m.getenv(prefix + "TYPE")) {
+	case "", "single":
+		if strings.Contains(raw, "://") {
+			return raw, "single", nil
+		}
+		// The incumbent's default socket type is unix.
+		if st := strings.ToLower(m.getenv(prefix + "SOCKET_TYPE")); st == "" || st == "unix" {
+			return "unix://" + raw, "single", nil
+		}
+		return scheme + "://" + user + raw, "single", nil
+	case "sentinel":
+		parts := strings.Split(raw, ",")
+		if len(parts) < 2 {
+			return "", "", fmt.Errorf("%sURL %q: want <master name>,<sentinel host:port>,...", prefix, raw)
+		}
+		return scheme + "://" + user + parts[1] + "?master_name=" + parts[0] + addrs(parts[2:], "&"), "sentinel", nil
+	case "cluster":
+		parts := strings.Split(raw, ",")
+		return scheme + "://" + user + parts[0] + addrs(parts[1:], "?"), "cluster", nil
+	}
+	return "", "", fmt.Errorf("%sTYPE %q: want SINGLE, SENTINEL or CLUSTER", prefix, m.getenv(prefix+"TYPE"))
+}
+
+// addrs is go-redis's addr= query parameters of hosts, the first after
+// first ("?" or "&").
+func addrs(hosts []string, first string) string {
+	var b strings.Builder
+	for i, a := range hosts {
+		if i == 0 {
+			b.WriteString(first)
+		} else {
+			b.WriteString("&")
+		}
+		b.WriteString("addr=" + a)
+	}
+	return b.String()
+}
+
+// stats reads the incumbent's stats sinks: statsd (on unless
+// USE_STATSD=false, another sink is chosen, or DISABLE_STATS=true) and
+// Prometheus (USE_PROMETHEUS=true). Unlike the incumbent, which refuses
+// two sinks, both may be on.
+func (m *mapper) stats() error {
+	flags := map[string]bool{}
+	for _, name := range []string{"DISABLE_STATS", "USE_PROMETHEUS", "USE_DOG_STATSD", "USE_STATSD"} {
+		if v := m.getenv(name); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("%s=%q: want true or false", name, v)
+			}
+			flags[name] = b
+		}
+		if flags["DISABLE_STATS"] {
+			return nil // the others are not read
+		}
+	}
+	prom, dog := flags["USE_PROMETHEUS"], flags["USE_DOG_STATSD"]
+	statsd := !prom || dog
+	if m.getenv("USE_STATSD") != "" {
+		statsd = flags["USE_STATSD"]
+	}
+	if statsd || dog {
+		m.statsd(dog)
+	}
+	if prom {
+		addr := m.getenv("PROMETHEUS_ADDR")
+		if addr == "" {
+			addr = ":9090"
+		}
+		m.set("compat-metrics-addr", addr)
+		if path := m.getenv("PROMETHEUS_PATH"); path != "" {
+			m.set("compat-metrics-path", path)
+		}
+		if f := m.getenv("PROMETHEUS_MAPPER_YAML"); f != "" {
+			m.set("compat-metrics-mapper", f)
+		}
+	}
+	return nil
+}
+
+// statsd reads the statsd sink's address and protocol (DogStatsD: UDP).
+func (m *mapper) statsd(dog bool) {
+	host, port := m.getenv("STATSD_HOST"), m.getenv("STATSD_PORT")
+	if host == "" {
+		host = "localhost"
+	}
+	if port == "" {
+		port = "8125"
+	}
+	m.set("statsd-addr", net.JoinHostPort(host, port))
+	if p := m.getenv("STATSD_PROTOCOL"); p != "" && !dog {
+		m.set("statsd-protocol", strings.ToLower(p))
+	}
+	if dog {
+		m.set("dogstatsd", "true")
+		m.set("statsd-protocol", "udp")
+	}
+}
+
+// mogrifiers reads the incumbent's DogStatsD mogrifiers:
+// USE_DOG_STATSD_MOGRIFIERS=A,B names them, and DOG_STATSD_MOGRIFIER_A_
+// PATTERN (a regular expression), _NAME and _TAGS (k:v,k2:v2; $N in either
+// stands for the pattern's groups) define each. They apply in the order
+// named.
+func (m *mapper) mogrifiers() error {
+	names := m.getenv("USE_DOG_STATSD_MOGRIFIERS")
+	if names == "" {
+		return nil
+	}
+	for _, n := range strings.Split(names, ",") {
+		n = strings.TrimSpace(n)
+		prefix := "DOG_STATSD_MOGRIFIER_" + n + "_"
+		pattern, name := m.getenv(prefix+"PATTERN"), m.getenv(prefix+"NAME")
+		if pattern == "" || name == "" {
+			return fmt.Errorf("mogrifier %s needs %sPATTERN and %sNAME", n, prefix, prefix)
+		}
+		re, err := regexp.Compile(pattern)
+		if err != nil {
+			return fmt.Errorf("%sPATTERN: %w", prefix, err)
+		}
+		tags, err := ParsePairs(m.getenv(prefix + "TAGS"))
+		if err != nil {
+			return fmt.Errorf("%sTAGS: %w", prefix, err)
+		}
+		m.res.Mogrifiers = append(m.res.Mogrifiers, compatstats.Mogrifier{Pattern: re, Name: name, Tags: tags})
+	}
+	return nil
+}
+
+// ParsePairs reads "k=v,k2=v2", or "k:v,..." as envoyproxy/ratelimit
+// writes its maps: each pair splits at its first '=' or ':'.
+func ParsePairs(s string) (map[string]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, p := range strings.Split(s, ",") {
+		i := strings.IndexAny(p, "=:")
+		if i <= 0 {
+			return nil, fmt.Errorf("want k=v,k2=v2, got %q", p)
+		}
+		out[strings.TrimSpace(p[:i])] = strings.TrimSpace(p[i+1:])
+	}
+	return out, nil
+}
