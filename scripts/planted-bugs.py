@@ -203,6 +203,8 @@ muts = [
     ("185 the parser accepts a rate_limit field the schema lacks","config/parse.go","\"unit_multiplier\", \"lease\", \"rejected_hits\", \"calendar\"}","\"unit_multiplier\", \"lease\", \"rejected_hits\", \"calendar\", \"jitter\"}","./api","TestSchemaNamesEveryField"),
     ("186 a matched rule's levels shifted by one","config/config.go","for l, j := r, n-1; l != nil && j >= 0; l, j = l.parent, j-1 {","for l, j := r, n-1; l != nil && j > 0; l, j = l.parent, j-1 {","./config","TestLevels"),
     ("187 a rate-limited log line let through within its interval","internal/lograte/lograte.go","if prev != 0 && n-prev < int64(interval) {","if prev != 0 && n-prev < int64(interval)/2 {","./internal/lograte","TestLimiter"),
+    ("188 decisions never described on their span","cmd/ratelimitd/run.go","o.Metrics, o.Compat, o.Logger, o.Traced = a.m, a.compat, a.log, a.traces != nil","o.Metrics, o.Compat, o.Logger, o.Traced = a.m, a.compat, a.log, false","./cmd/ratelimitd","TestTracing$|TestTracingSpans|TestTraces"),
+    ("189 a request's scratch not cleared before reuse","internal/service/decide.go","\tclear(sc.items)\n\tclear(sc.states)\n","\tclear(sc.items)\n","./internal/service","TestCacheBlocksUntilExactReset"),
     ("134 RLQS token bucket holds more than its grant","internal/rlqs/sizing.go","ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens)","ss.assign(b, tokens(r.Hits+2, ttl), ttl, sentTokens)","./internal/rlqs","TestFleetBound$|TestFleetOverInstances"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]

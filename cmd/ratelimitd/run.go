@@ -217,7 +217,7 @@ func (a *app) newService(context.Context) error {
 		cache = overlimitcache.New(int(a.s.localCacheSize))
 	}
 	o := a.s.svc
-	o.Metrics, o.Compat, o.Logger = a.m, a.compat, a.log
+	o.Metrics, o.Compat, o.Logger, o.Traced = a.m, a.compat, a.log, a.traces != nil
 	a.svc = service.New(a.rules, a.store, cache, o)
 	return nil
 }

@@ -5,6 +5,7 @@ package metrics
 
 import (
 	"runtime"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,6 +17,11 @@ import (
 type Metrics struct {
 	// Registry is where the collectors live; /metrics serves it.
 	Registry *prometheus.Registry
+
+	// Children of the per-decision vectors by label values: the request
+	// path finds one with a map lookup, without the vector's label
+	// checks and lock (about a tenth of a decision's own CPU).
+	decisions, hits, requests childCache
 
 	Decisions         *prometheus.CounterVec
 	Hits              *prometheus.CounterVec
@@ -210,7 +216,7 @@ var latencyBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, 
 // Decision counts one descriptor decision.
 func (m *Metrics) Decision(domain, rule, outcome string) {
 	if m != nil {
-		m.Decisions.WithLabelValues(domain, rule, outcome).Inc()
+		m.decisions.counter3(m.Decisions, domain, rule, outcome).Inc()
 	}
 }
 
@@ -218,14 +224,14 @@ func (m *Metrics) Decision(domain, rule, outcome string) {
 // charged, refused or lost.
 func (m *Metrics) Hit(domain, rule, result string, hits uint64) {
 	if m != nil && hits > 0 {
-		m.Hits.WithLabelValues(domain, rule, result).Add(float64(hits))
+		m.hits.counter3(m.Hits, domain, rule, result).Add(float64(hits))
 	}
 }
 
 // Request counts one decided request and its duration.
 func (m *Metrics) Request(code string, d time.Duration) {
 	if m != nil {
-		m.Requests.WithLabelValues(code).Inc()
+		m.requests.counter1(m.Requests, code).Inc()
 		m.RequestDuration.Observe(d.Seconds())
 	}
 }
@@ -452,4 +458,27 @@ func (m *Metrics) RLQSReject(reason string) {
 	if m != nil {
 		m.RLQSRejected.WithLabelValues(reason).Inc()
 	}
+}
+
+// childCache holds a CounterVec's children by their label values.
+// Children are never deleted from the vectors it serves, so a cached one
+// stays the vector's.
+type childCache struct{ m sync.Map } // [3]string → prometheus.Counter
+
+// counter3 is vec's child of three labels.
+func (c *childCache) counter3(vec *prometheus.CounterVec, a, b, d string) prometheus.Counter {
+	if v, ok := c.m.Load([3]string{a, b, d}); ok {
+		return v.(prometheus.Counter)
+	}
+	v, _ := c.m.LoadOrStore([3]string{a, b, d}, vec.WithLabelValues(a, b, d))
+	return v.(prometheus.Counter)
+}
+
+// counter1 is vec's child of one label.
+func (c *childCache) counter1(vec *prometheus.CounterVec, a string) prometheus.Counter {
+	if v, ok := c.m.Load([3]string{a}); ok {
+		return v.(prometheus.Counter)
+	}
+	v, _ := c.m.LoadOrStore([3]string{a}, vec.WithLabelValues(a))
+	return v.(prometheus.Counter)
 }

@@ -58,7 +58,9 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 		return nil, ErrNoRules
 	}
 	descs := req.GetDescriptors()
-	items := make([]item, len(descs))
+	sc := scratches.Get().(*scratch)
+	defer sc.release()
+	items := sc.itemsFor(len(descs))
 	dom := rules.Domain(req.GetDomain())
 	if dom == nil {
 		s.m.UnknownDomainRequest()
@@ -66,7 +68,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 	}
 	s.plan(req, dom, items)
 
-	checks, states := s.buildChecks(req, items)
+	checks, states := s.buildChecks(req, items, sc)
 	s.demand.note(checks)
 	if len(checks) > 0 {
 		if err := s.evaluate(ctx, checks, states); err != nil {
@@ -74,7 +76,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 		}
 	}
 	resp := s.respond(req.GetDomain(), descs, items, checks, states)
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+	if span := s.span(ctx); span.IsRecording() {
 		span.SetAttributes(attribute.String("ratelimit.domain", req.GetDomain()),
 			attribute.Int("ratelimit.descriptors", len(descs)), attribute.Int("ratelimit.counters", len(checks)),
 			attribute.String("ratelimit.overall_code", resp.GetOverallCode().String()),
@@ -88,6 +90,52 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 	return resp, nil
 }
 
+// span is the request's span when the server traces, else a no-op one,
+// found without a context lookup.
+func (s *Service) span(ctx context.Context) trace.Span {
+	if !s.opts.Traced {
+		return noSpan
+	}
+	return trace.SpanFromContext(ctx)
+}
+
+var noSpan = trace.SpanFromContext(context.Background())
+
+// scratch is a request's working memory that nothing keeps once it is
+// answered: its items and check states, reused between requests. (The
+// checks are not: a store may still hold them after a request gave up
+// waiting.)
+type scratch struct {
+	items  []item
+	states []checkState
+}
+
+var scratches = sync.Pool{New: func() any { return new(scratch) }}
+
+func (sc *scratch) itemsFor(n int) []item {
+	if cap(sc.items) < n {
+		sc.items = make([]item, n)
+	}
+	sc.items = sc.items[:n]
+	return sc.items
+}
+
+func (sc *scratch) statesFor(n int) []checkState {
+	if cap(sc.states) < n {
+		sc.states = make([]checkState, n)
+	}
+	sc.states = sc.states[:n]
+	return sc.states
+}
+
+// release clears the scratch (its items point into the rules, which a
+// reload may drop) and returns it to the pool.
+func (sc *scratch) release() {
+	clear(sc.items)
+	clear(sc.states)
+	scratches.Put(sc)
+}
+
 // encoders keeps key buffers between requests: a key then costs one
 // allocation, its string.
 var encoders = sync.Pool{New: func() any { return new(limit.Encoder) }}
@@ -95,7 +143,7 @@ var encoders = sync.Pool{New: func() any { return new(limit.Encoder) }}
 // buildChecks gives every counted item a check. Items on one counter (the
 // same descriptor twice, say) share one check holding their combined hits,
 // so a store never sees a key twice in one evaluation.
-func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limit.Check, []checkState) {
+func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item, sc *scratch) ([]limit.Check, []checkState) {
 	enc := encoders.Get().(*limit.Encoder)
 	defer encoders.Put(enc)
 	checks := make([]limit.Check, 0, len(items))
@@ -136,7 +184,7 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item) ([]limi
 		}
 		it.check = c
 	}
-	states := make([]checkState, len(checks))
+	states := sc.statesFor(len(checks))
 	for c := range checks {
 		// The sums are exact (MaxDescriptors hits of at most 2^51-1 each);
 		// the stores saturate them (limit.MaxHits), which decides the same.
@@ -265,17 +313,41 @@ func (s *Service) logFailure(ctx context.Context, err error, checks int) {
 		"err", err, "checks", checks, "default_failure_mode", s.opts.FailureMode.String())
 }
 
+// statusSlab is one descriptor's status with its limit and duration,
+// allocated together.
+type statusSlab struct {
+	st  rlsv3.RateLimitResponse_DescriptorStatus
+	lim rlsv3.RateLimitResponse_RateLimit
+	dur durationpb.Duration
+}
+
+// oneStatus is a whole response of one descriptor, the common case.
+type oneStatus struct {
+	resp rlsv3.RateLimitResponse
+	ptr  [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	slab [1]statusSlab
+}
+
+// newResponse returns a response with n statuses to fill in: one
+// allocation for a single descriptor, three for more (the response, the
+// status pointers, the statuses with their limits and durations), instead
+// of three per descriptor.
+func newResponse(n int) (*rlsv3.RateLimitResponse, []*rlsv3.RateLimitResponse_DescriptorStatus, []statusSlab) {
+	if n == 1 {
+		o := &oneStatus{}
+		o.resp.Statuses = o.ptr[:]
+		return &o.resp, o.ptr[:], o.slab[:]
+	}
+	statuses := make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+	return &rlsv3.RateLimitResponse{Statuses: statuses}, statuses, make([]statusSlab, n)
+}
+
 // respond builds the response from the decided items and counts each
 // decision.
 func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, items []item, checks []limit.Check, states []checkState) *rlsv3.RateLimitResponse {
 	now := s.now()
 	compat := s.compatRules.Load()
-	statuses := make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))
-	// One allocation each for the statuses, their limits and their
-	// durations, instead of three per descriptor.
-	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, len(items))
-	lims := make([]rlsv3.RateLimitResponse_RateLimit, len(items))
-	durs := make([]durationpb.Duration, len(items))
+	resp, statuses, slab := newResponse(len(items))
 	overLimit, quotaTotal, quotaOver := false, 0, 0
 	stored := storeAdmitted(checks, states)
 	var reasons []any
@@ -296,7 +368,7 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 	}
 	for i := range items {
 		it := &items[i]
-		st := &sts[i]
+		st := &slab[i].st
 		st.Code = rlsv3.RateLimitResponse_OK
 		statuses[i] = st
 		switch it.kind {
@@ -313,7 +385,7 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 			explain(i, OutcomeUnlimited)
 			continue
 		}
-		st.CurrentLimit = &lims[i]
+		st.CurrentLimit = &slab[i].lim
 		// The response's limit is a uint32: a larger budget shows as its
 		// most (headers and remaining counts carry the whole value).
 		st.CurrentLimit.Name, st.CurrentLimit.RequestsPerUnit = it.name, uint32(min(it.rpu, math.MaxUint32))
@@ -334,7 +406,7 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 		switch {
 		case cs.cached:
 			over, outcome = true, OutcomeLocalCache
-			st.DurationUntilReset = ceilSeconds(&durs[i], cs.until.Sub(now))
+			st.DurationUntilReset = ceilSeconds(&slab[i].dur, cs.until.Sub(now))
 			stats.LocalCache(it.hits)
 		case cs.failed:
 			over, outcome = s.failureAnswer(it)
@@ -361,7 +433,7 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 					outcome = OutcomeNearLimit
 				}
 			}
-			st.DurationUntilReset = untilReset(&durs[i], it.algo, cs.res.ResetUS)
+			st.DurationUntilReset = untilReset(&slab[i].dur, it.algo, cs.res.ResetUS)
 		}
 		if it.quota {
 			quotaTotal++
@@ -388,7 +460,7 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 			overLimit = true
 		}
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: statuses}
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	if overLimit || (quotaTotal > 0 && quotaOver == quotaTotal) {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		if s.opts.ShadowMode {

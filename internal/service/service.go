@@ -115,6 +115,10 @@ type Options struct {
 	// outside domains served over RLQS). Off: 30 and 365 days from the
 	// epoch, as envoyproxy/ratelimit counts them.
 	CalendarPeriods bool
+	// Traced says a caller may have started a span in the request's
+	// context (the server's tracing is on): only then is the decision
+	// described on it. Off, the request pays no context lookup for it.
+	Traced bool
 	// Metrics receives decision counters. Nil records nothing.
 	Metrics *metrics.Metrics
 	// Compat counts every decision under envoyproxy/ratelimit's stat
