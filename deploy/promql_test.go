@@ -41,6 +41,9 @@ func exposed(t *testing.T) map[string]map[string]bool {
 	}
 	v := reflect.ValueOf(m).Elem()
 	for i := range v.NumField() {
+		if !v.Type().Field(i).IsExported() {
+			continue // caches of the collectors, not collectors
+		}
 		c, ok := v.Field(i).Interface().(prometheus.Collector)
 		if !ok {
 			continue
