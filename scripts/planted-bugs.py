@@ -205,6 +205,9 @@ muts = [
     ("187 a rate-limited log line let through within its interval","internal/lograte/lograte.go","if prev != 0 && n-prev < int64(interval) {","if prev != 0 && n-prev < int64(interval)/2 {","./internal/lograte","TestLimiter"),
     ("188 decisions never described on their span","cmd/ratelimitd/run.go","o.Metrics, o.Compat, o.Logger, o.Traced = a.m, a.compat, a.log, a.traces != nil","o.Metrics, o.Compat, o.Logger, o.Traced = a.m, a.compat, a.log, false","./cmd/ratelimitd","TestTracing$|TestTracingSpans|TestTraces"),
     ("189 a request's scratch not cleared before reuse","internal/service/decide.go","\tclear(sc.items)\n\tclear(sc.states)\n","\tclear(sc.items)\n","./internal/service","TestCacheBlocksUntilExactReset"),
+    ("190 /json strings with a quote not escaped","internal/server/jsonenc.go","case c == '\"' || c == '\\\\':","case c == '\\\\':","./internal/server","TestResponseJSONMatchesProtojson"),
+    ("192 /json dynamic metadata dropped by the fast encoder","internal/server/jsonenc.go","resp.GetDynamicMetadata() != nil || ","","./internal/server","TestResponseJSONMatchesProtojson"),
+    ("191 /json durations written without their fraction","internal/server/jsonenc.go","\t\tb = append(b, '.')\n\t\tb = append(b, frac...)\n","","./internal/server","TestResponseJSONMatchesProtojson"),
     ("134 RLQS token bucket holds more than its grant","internal/rlqs/sizing.go","ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens)","ss.assign(b, tokens(r.Hits+2, ttl), ttl, sentTokens)","./internal/rlqs","TestFleetBound$|TestFleetOverInstances"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
 ]

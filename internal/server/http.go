@@ -1,9 +1,11 @@
 package server
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.opentelemetry.io/otel/propagation"
@@ -31,13 +33,15 @@ func (s *Server) httpHandler() http.Handler {
 // when OK, 429 when OVER_LIMIT, 400 for a malformed or invalid request,
 // 503 while no rules are loaded.
 func (s *Server) handleJSON(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
-	if err != nil {
+	buf := jsonBufs.Get().(*bytes.Buffer)
+	defer putJSONBuf(buf)
+	buf.Reset()
+	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, MaxJSONBody)); err != nil {
 		http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	var req rlsv3.RateLimitRequest
-	if err := protojson.Unmarshal(body, &req); err != nil {
+	if err := protojson.Unmarshal(buf.Bytes(), &req); err != nil {
 		http.Error(w, "invalid RateLimitRequest JSON: "+err.Error(), http.StatusBadRequest)
 		return
 	}
@@ -59,7 +63,10 @@ func (s *Server) handleJSON(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	out, err := protojson.Marshal(resp)
+	out, ok := appendResponseJSON(buf.Bytes()[:0], resp)
+	if !ok {
+		out, err = protojson.MarshalOptions{}.MarshalAppend(buf.Bytes()[:0], resp)
+	}
 	if err != nil {
 		http.Error(w, "encoding response: "+err.Error(), http.StatusInternalServerError)
 		return
@@ -69,6 +76,18 @@ func (s *Server) handleJSON(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusTooManyRequests)
 	}
 	_, _ = w.Write(out)
+}
+
+// jsonBufs hold /json bodies and answers between requests: a request's
+// body is read into one, and its answer written over it once decided.
+var jsonBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// putJSONBuf keeps buffers of ordinary requests only: one a huge body grew
+// would stay allocated.
+func putJSONBuf(b *bytes.Buffer) {
+	if b.Cap() <= 64<<10 {
+		jsonBufs.Put(b)
+	}
 }
 
 // handleHealth answers 200 OK while serving, 503 once shutdown began.

@@ -24,7 +24,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
-func newService(t *testing.T) *service.Service {
+func newService(t testing.TB) *service.Service {
 	t.Helper()
 	snap, err := config.Parse("r.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"))
 	if err != nil {
