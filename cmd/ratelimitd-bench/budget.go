@@ -50,6 +50,11 @@ type BudgetReport struct {
 // budget, with every admitted stream's tokens charged (the bench knows
 // them; the service only estimates), would still have covered the
 // refused stream.
+// valid reports whether the options make a budget run.
+func (b *budgetOptions) valid() bool {
+	return b.streams >= 1 && b.minTok >= 1 && b.maxTok >= b.minTok && b.maxDur >= b.minDur && b.skewed <= b.streams
+}
+
 func runBudget(ctx context.Context, o *options, b *budgetOptions, clients []rlsv3.RateLimitServiceClient, out io.Writer) error {
 	value := fmt.Sprintf("run-%d", time.Now().UnixNano())
 	req := func(hits uint64) *rlsv3.RateLimitRequest {
@@ -111,6 +116,11 @@ func runBudget(ctx context.Context, o *options, b *budgetOptions, clients []rlsv
 		LetThrough: float64(charged.Load()) / float64(b.budget), Admitted: admitted.Load(), Refused: refused.Load(),
 		FalseRefusals: falseRef.Load(), CheckErrors: checkErrs.Load(), ChargeErrors: chargeErrs.Load(),
 		FirstRefusalMS: float64(firstRefusal.Load()) / 1e6, Seconds: time.Since(start).Seconds()}
+	return r.write(out, o)
+}
+
+// write prints the report, or refuses one no check was answered in.
+func (r *BudgetReport) write(out io.Writer, o *options) error {
 	if r.Admitted == 0 && r.Refused == 0 {
 		return fmt.Errorf("-budget: no check was answered (%d errors): is the service at %s?", r.CheckErrors, o.addr)
 	}

@@ -85,7 +85,68 @@ type Report struct {
 
 func run(ctx context.Context, args []string, out io.Writer) error {
 	var o options
+	var f fleetOptions
+	var b budgetOptions
+	var fleet, pids string
+	var budget bool
 	fs := flag.NewFlagSet("ratelimitd-bench", flag.ContinueOnError)
+	loadFlags(fs, &o)
+	fleetFlags(fs, &f, &fleet, &pids)
+	budgetFlags(fs, &b, &budget)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if budget && !b.valid() {
+		return errors.New("-budget: want -streams >= 1, 1 <= -tokens-min <= -tokens-max, -stream-min <= -stream-max, -skewed <= -streams")
+	}
+	if fleet != "" {
+		var err error
+		if f.addrs, f.pids, err = parseFleet(fleet, pids); err != nil {
+			return err
+		}
+		return runFleet(ctx, &o, &f, out)
+	}
+	if o.noop != "" {
+		return serveNoop(ctx, o.noop)
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	clients := make([]rlsv3.RateLimitServiceClient, o.conns)
+	for i := range clients {
+		cc, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
+	}
+	if budget {
+		return runBudget(ctx, &o, &b, clients, out)
+	}
+	r, err := measure(ctx, &o, clients)
+	if err != nil {
+		return err
+	}
+	if o.asJSON {
+		return json.NewEncoder(out).Encode(r)
+	}
+	r.print(out, &o)
+	return nil
+}
+
+// validate refuses a load the tool cannot make.
+func (o *options) validate() error {
+	if o.mode != "closed" && o.mode != "open" {
+		return fmt.Errorf("-mode %q: want closed or open", o.mode)
+	}
+	if o.descriptors < 1 || o.descriptors > 3 {
+		return errors.New("-descriptors must be 1, 2 or 3")
+	}
+	return nil
+}
+
+func loadFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8081", "gRPC address of the service under load")
 	fs.StringVar(&o.noop, "noop", "", "serve a no-op RateLimitService on this address instead of loading one")
 	fs.StringVar(&o.mode, "mode", "closed", "closed (workers back to back) or open (fixed -rate)")
@@ -104,18 +165,20 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&o.metricsURL, "metrics", "", "the service's /metrics URL: report pipelines (round trips) per decision and the mean batch")
 	fs.IntVar(&o.pid, "pid", 0, "the service's process id: report its CPU per decision")
 	fs.BoolVar(&o.asJSON, "json", false, "print the report as JSON")
-	var f fleetOptions
-	var fleet, pids string
-	fs.StringVar(&fleet, "fleet", "", "instances sharing one counter, host:port,...: offer -rate (open loop) on one key split over them, and report what the fleet admits per window")
-	fs.StringVar(&pids, "pids", "", "-fleet: the instances' process ids, for their CPU per decision")
+}
+
+func fleetFlags(fs *flag.FlagSet, f *fleetOptions, fleet, pids *string) {
+	fs.StringVar(fleet, "fleet", "", "instances sharing one counter, host:port,...: offer -rate (open loop) on one key split over them, and report what the fleet admits per window")
+	fs.StringVar(pids, "pids", "", "-fleet: the instances' process ids, for their CPU per decision")
 	fs.StringVar(&f.split, "split", "even", "-fleet: even, or skewed (the first instance takes half the traffic)")
 	fs.StringVar(&f.key, "key", "lease_s", "-fleet: the descriptor key of the counter")
 	fs.DurationVar(&f.window, "window", time.Second, "-fleet: the counter's window")
 	fs.Float64Var(&f.limit, "limit", 1000, "-fleet: the counter's limit per window")
 	fs.IntVar(&f.windows, "windows", 5, "-fleet: windows measured")
-	var b budgetOptions
-	var budget bool
-	fs.BoolVar(&budget, "budget", false, "token budget: -streams concurrent streams, each a check (hits_addend 0), a stream, and a charge of its tokens, on the \"budget\" key for -duration; report the tokens let through over -budget-limit and the false refusals")
+}
+
+func budgetFlags(fs *flag.FlagSet, b *budgetOptions, budget *bool) {
+	fs.BoolVar(budget, "budget", false, "token budget: -streams concurrent streams, each a check (hits_addend 0), a stream, and a charge of its tokens, on the \"budget\" key for -duration; report the tokens let through over -budget-limit and the false refusals")
 	fs.Uint64Var(&b.budget, "budget-limit", 1_000_000, "-budget: the budget rule's requests_per_unit")
 	fs.StringVar(&b.key, "budget-key", "budget", "-budget: the budget rule's descriptor key (deploy/bench/rules.yaml: budget, 1,000,000 an hour; budget_100k)")
 	fs.IntVar(&b.streams, "streams", 64, "-budget: concurrent streams")
@@ -125,58 +188,29 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs.DurationVar(&b.minDur, "stream-min", 20*time.Millisecond, "-budget: shortest stream")
 	fs.DurationVar(&b.maxDur, "stream-max", 200*time.Millisecond, "-budget: longest stream")
 	fs.DurationVar(&b.retry, "retry", 50*time.Millisecond, "-budget: wait after a refused check before the next")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if budget && (b.streams < 1 || b.maxTok < b.minTok || b.minTok == 0 || b.maxDur < b.minDur || b.skewed > b.streams) {
-		return errors.New("-budget: want -streams >= 1, 1 <= -tokens-min <= -tokens-max, -stream-min <= -stream-max, -skewed <= -streams")
-	}
-	if fleet != "" {
-		var err error
-		if f.addrs, f.pids, err = parseFleet(fleet, pids); err != nil {
-			return err
-		}
-		return runFleet(ctx, &o, &f, out)
-	}
-	if o.noop != "" {
-		return serveNoop(ctx, o.noop)
-	}
-	if o.mode != "closed" && o.mode != "open" {
-		return fmt.Errorf("-mode %q: want closed or open", o.mode)
-	}
-	if o.descriptors < 1 || o.descriptors > 3 {
-		return errors.New("-descriptors must be 1, 2 or 3")
-	}
-	clients := make([]rlsv3.RateLimitServiceClient, o.conns)
-	for i := range clients {
-		cc, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return err
-		}
-		defer cc.Close()
-		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
-	}
-	if budget {
-		return runBudget(ctx, &o, &b, clients, out)
-	}
+}
+
+// measure warms up, then loads for -duration between two samples of the
+// processes' counters, and reports.
+func measure(ctx context.Context, o *options, clients []rlsv3.RateLimitServiceClient) (Report, error) {
 	if o.warmup > 0 {
 		wctx, cancel := context.WithTimeout(ctx, o.warmup)
-		load(wctx, &o, clients, nil, nil)
+		load(wctx, o, clients, nil, nil)
 		cancel()
 	}
-	before, err := sample(ctx, &o)
+	before, err := sample(ctx, o)
 	if err != nil {
-		return err
+		return Report{}, err
 	}
 	mctx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
 	var lat, late latencies
 	start := time.Now()
-	n, errs, over := load(mctx, &o, clients, &lat, &late)
+	n, errs, over := load(mctx, o, clients, &lat, &late)
 	elapsed := time.Since(start).Seconds()
-	after, err := sample(ctx, &o)
+	after, err := sample(ctx, o)
 	if err != nil {
-		return err
+		return Report{}, err
 	}
 	r := Report{Mode: o.mode, Requests: n, Errors: errs, OverLimit: over, Seconds: elapsed, RPS: float64(n) / elapsed,
 		Descriptors: o.descriptors, Keys: o.keys, WorkersOrInfly: o.workers}
@@ -185,6 +219,13 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		_, r.LateP99US, _, r.LateMaxUS = late.quantiles()
 	}
 	r.P50US, r.P99US, r.P999US, r.MaxUS = lat.quantiles()
+	r.per(o, before, after)
+	return r, nil
+}
+
+// per fills in what the processes spent per decision between two samples.
+func (r *Report) per(o *options, before, after counters) {
+	n := r.Requests
 	if n > 0 && o.redisAddr != "" {
 		r.RedisCPUUS = (after.redisCPU - before.redisCPU) * 1e6 / float64(n)
 		r.RoundTrips = float64(after.evalsha-before.evalsha) / float64(n)
@@ -199,9 +240,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if n > 0 && o.pid > 0 {
 		r.ServiceCPUUS = (after.serviceCPU - before.serviceCPU) * 1e6 / float64(n)
 	}
-	if o.asJSON {
-		return json.NewEncoder(out).Encode(r)
-	}
+}
+
+// print writes the report as the scripts read it.
+func (r *Report) print(out io.Writer, o *options) {
 	fmt.Fprintf(out, "%s loop, %d descriptor(s), %d keys: %d requests in %.1fs = %.0f req/s; errors %d, over limit %d\n",
 		r.Mode, r.Descriptors, r.Keys, r.Requests, r.Seconds, r.RPS, r.Errors, r.OverLimit)
 	fmt.Fprintf(out, "latency p50 %.0fµs  p99 %.0fµs  p999 %.0fµs  max %.0fµs\n", r.P50US, r.P99US, r.P999US, r.MaxUS)
@@ -217,7 +259,6 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if o.metricsURL != "" {
 		fmt.Fprintf(out, "batching: %.3f pipelines (round trips) per decision, mean batch %.1f\n", r.Pipelines, r.MeanBatch)
 	}
-	return nil
 }
 
 // load sends requests until ctx is done and returns the count, errors and
@@ -335,71 +376,94 @@ type counters struct {
 func sample(ctx context.Context, o *options) (counters, error) {
 	var c counters
 	if o.redisAddr != "" {
-		rdb := redis.NewClient(&redis.Options{Addr: o.redisAddr, DisableIdentity: true})
-		defer rdb.Close()
-		info, err := rdb.Info(ctx, "cpu", "commandstats").Result()
-		if err != nil {
+		if err := c.sampleRedis(ctx, o.redisAddr); err != nil {
 			return c, fmt.Errorf("-redis: %w", err)
-		}
-		for _, line := range strings.Split(info, "\r\n") {
-			k, v, ok := strings.Cut(line, ":")
-			if !ok {
-				continue
-			}
-			switch {
-			case k == "used_cpu_sys" || k == "used_cpu_user":
-				f, _ := strconv.ParseFloat(v, 64)
-				c.redisCPU += f
-			case strings.HasPrefix(k, "cmdstat_"):
-				calls := 0
-				for _, kv := range strings.Split(v, ",") {
-					if n, ok := strings.CutPrefix(kv, "calls="); ok {
-						calls, _ = strconv.Atoi(n)
-					}
-				}
-				if k != "cmdstat_info" {
-					c.commands += int64(calls)
-				}
-				if k == "cmdstat_evalsha" || k == "cmdstat_eval" {
-					c.evalsha += int64(calls)
-				}
-			}
 		}
 	}
 	if o.metricsURL != "" {
-		resp, err := http.Get(o.metricsURL)
-		if err != nil {
+		if err := c.sampleMetrics(o.metricsURL); err != nil {
 			return c, fmt.Errorf("-metrics: %w", err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		for _, line := range strings.Split(string(body), "\n") {
-			name, v, ok := strings.Cut(line, " ")
-			if !ok {
-				continue
-			}
-			f, _ := strconv.ParseFloat(v, 64)
-			switch name {
-			case "ratelimitd_redis_batch_size_count":
-				c.batches = f
-			case "ratelimitd_redis_batch_size_sum":
-				c.batched = f
-			}
 		}
 	}
 	if o.pid > 0 {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", o.pid))
+		cpu, err := processCPU(o.pid)
 		if err != nil {
 			return c, fmt.Errorf("-pid: %w", err)
 		}
-		// Fields after the command name (which may hold spaces): utime is
-		// the 14th field, stime the 15th, in clock ticks (100 a second).
-		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
-		ut, _ := strconv.ParseFloat(f[11], 64)
-		st, _ := strconv.ParseFloat(f[12], 64)
-		c.serviceCPU = (ut + st) / 100
+		c.serviceCPU = cpu
 	}
 	return c, nil
+}
+
+// sampleRedis reads Redis's CPU seconds and command counts from INFO.
+func (c *counters) sampleRedis(ctx context.Context, addr string) error {
+	rdb := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer rdb.Close()
+	info, err := rdb.Info(ctx, "cpu", "commandstats").Result()
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		switch {
+		case !ok:
+		case k == "used_cpu_sys" || k == "used_cpu_user":
+			f, _ := strconv.ParseFloat(v, 64)
+			c.redisCPU += f
+		case strings.HasPrefix(k, "cmdstat_"):
+			calls := 0
+			for _, kv := range strings.Split(v, ",") {
+				if n, ok := strings.CutPrefix(kv, "calls="); ok {
+					calls, _ = strconv.Atoi(n)
+				}
+			}
+			if k != "cmdstat_info" {
+				c.commands += int64(calls)
+			}
+			if k == "cmdstat_evalsha" || k == "cmdstat_eval" {
+				c.evalsha += int64(calls)
+			}
+		}
+	}
+	return nil
+}
+
+// sampleMetrics reads the service's batch counts from its /metrics.
+func (c *counters) sampleMetrics(url string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, line := range strings.Split(string(body), "\n") {
+		name, v, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		f, _ := strconv.ParseFloat(v, 64)
+		switch name {
+		case "ratelimitd_redis_batch_size_count":
+			c.batches = f
+		case "ratelimitd_redis_batch_size_sum":
+			c.batched = f
+		}
+	}
+	return nil
+}
+
+// processCPU is a process's user and system CPU seconds.
+func processCPU(pid int) (float64, error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name (which may hold spaces): utime is the
+	// 14th field, stime the 15th, in clock ticks (100 a second).
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100, nil
 }
 
 // noop answers OK to everything without looking at it.
