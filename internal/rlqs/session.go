@@ -132,63 +132,28 @@ func BucketKey(id map[string]string) string {
 // calls for (nil: none). An error ends the stream: a report without a
 // domain first, or naming another one later.
 func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLimitQuotaUsageReports) (*rlqsv3.RateLimitQuotaResponse, error) {
-	s := ss.srv
-	switch d := msg.GetDomain(); {
-	case ss.domain == "" && d == "":
-		s.m.RLQSReject("bad_domain")
-		return nil, errors.New("rlqs: the first usage report must name the domain")
-	case ss.domain == "" && len(d) > config.MaxValueBytes:
-		s.m.RLQSReject("bad_domain")
-		return nil, fmt.Errorf("rlqs: domain is %d bytes, more than the %d allowed", len(d), config.MaxValueBytes)
-	case ss.domain == "":
-		ss.domain = d
-	case d != "" && d != ss.domain:
-		s.m.RLQSReject("bad_domain")
-		return nil, fmt.Errorf("rlqs: report for domain %q on a stream of domain %q (open a stream per domain)", config.Truncate(d, 64), config.Truncate(ss.domain, 64))
+	if err := ss.takeDomain(msg.GetDomain()); err != nil {
+		ss.srv.m.RLQSReject("bad_domain")
+		return nil, err
 	}
-	// A report past MaxBuckets is still answered for the buckets within
-	// the bound, so the Envoy's known buckets keep their grants; the new
-	// ones past it are refused one by one (too_many_buckets) and get no
-	// assignment: Envoy's no_assignment_behavior decides them, and it
-	// reports them again. gRPC's message size bounds the report's length.
-	usages := msg.GetBucketQuotaUsages()
 	// One snapshot for the whole report: the domain's keys and every
 	// bucket's plan come from the same rules, whatever a reload does.
-	rules := s.plan.Rules()
+	rules := ss.srv.plan.Rules()
 	var keys []string
 	if dom := rules.Domain(ss.domain); dom != nil {
 		keys = dom.RLQSKeys
 	}
 	var out []*rlqsv3.RateLimitQuotaResponse_BucketAction
 	var need []*bucket
-	for _, u := range usages {
-		id := u.GetBucketId().GetBucket()
-		if reason := s.checkID(id); reason != "" {
-			s.m.RLQSReject(reason)
-			continue
-		}
-		key := BucketKey(id)
-		b := ss.buckets[key]
+	// A report past MaxBuckets is still answered for the buckets within
+	// the bound, so the Envoy's known buckets keep their grants; the new
+	// ones past it are refused one by one (too_many_buckets) and get no
+	// assignment: Envoy's no_assignment_behavior decides them, and it
+	// reports them again. gRPC's message size bounds the report's length.
+	for _, u := range msg.GetBucketQuotaUsages() {
+		b := ss.bucketOf(u, now)
 		if b == nil {
-			if len(ss.buckets) >= s.opts.MaxBuckets {
-				s.m.RLQSReject("too_many_buckets")
-				continue
-			}
-			b = &bucket{key: key, id: &rlqsv3.BucketId{Bucket: maps.Clone(id)}, rate: -1, rateSince: now, lastActive: now, lastReport: now,
-				firstCount: u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()}
-			if el := u.GetTimeElapsed().AsDuration(); el > 0 {
-				// Envoy reports a bucket new to it at once, with no time
-				// elapsed; this one it knew before this stream.
-				b.foreign, b.inheritTill = true, now.Add(2*ReportPeriod)
-				if el >= time.Second {
-					b.rate = float64(b.firstCount) / el.Seconds()
-				}
-			}
-			ss.buckets[key] = b
-			s.m.RLQSBucket(1)
-		} else {
-			b.observe(now, u.GetNumRequestsAllowed(), u.GetNumRequestsDenied())
-			s.noteRate(b)
+			continue
 		}
 		if err := ss.replan(b, rules, keys); err != nil {
 			// No rules in force: nothing to grant from; the failure
@@ -197,7 +162,7 @@ func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLi
 			continue
 		}
 		if b.plan.Kind != service.BucketCounted {
-			out = append(out, ss.assign(b, allowAll(), s.opts.AllowTTL, sentAllow))
+			out = append(out, ss.assign(b, allowAll(), ss.srv.opts.AllowTTL, sentAllow))
 			continue
 		}
 		if now.Before(b.inheritTill) && u.GetNumRequestsDenied() == 0 {
@@ -217,6 +182,56 @@ func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLi
 		return nil, nil
 	}
 	return &rlqsv3.RateLimitQuotaResponse{BucketAction: out}, nil
+}
+
+// takeDomain holds the stream to the domain of its first report: a later
+// report may leave it out (gRPC's A77 sends it once), not name another.
+func (ss *Session) takeDomain(d string) error {
+	switch {
+	case ss.domain == "" && d == "":
+		return errors.New("rlqs: the first usage report must name the domain")
+	case ss.domain == "" && len(d) > config.MaxValueBytes:
+		return fmt.Errorf("rlqs: domain is %d bytes, more than the %d allowed", len(d), config.MaxValueBytes)
+	case ss.domain == "":
+		ss.domain = d
+	case d != "" && d != ss.domain:
+		return fmt.Errorf("rlqs: report for domain %q on a stream of domain %q (open a stream per domain)", config.Truncate(d, 64), config.Truncate(ss.domain, 64))
+	}
+	return nil
+}
+
+// bucketOf is the bucket a usage report is of, its counts taken in; nil
+// for one refused (a bad id, or past MaxBuckets), counted by reason.
+func (ss *Session) bucketOf(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, now time.Time) *bucket {
+	s := ss.srv
+	id := u.GetBucketId().GetBucket()
+	if reason := s.checkID(id); reason != "" {
+		s.m.RLQSReject(reason)
+		return nil
+	}
+	key := BucketKey(id)
+	if b := ss.buckets[key]; b != nil {
+		b.observe(now, u.GetNumRequestsAllowed(), u.GetNumRequestsDenied())
+		s.noteRate(b)
+		return b
+	}
+	if len(ss.buckets) >= s.opts.MaxBuckets {
+		s.m.RLQSReject("too_many_buckets")
+		return nil
+	}
+	b := &bucket{key: key, id: &rlqsv3.BucketId{Bucket: maps.Clone(id)}, rate: -1, rateSince: now, lastActive: now, lastReport: now,
+		firstCount: u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()}
+	if el := u.GetTimeElapsed().AsDuration(); el > 0 {
+		// Envoy reports a bucket new to it at once, with no time
+		// elapsed; this one it knew before this stream.
+		b.foreign, b.inheritTill = true, now.Add(2*ReportPeriod)
+		if el >= time.Second {
+			b.rate = float64(b.firstCount) / el.Seconds()
+		}
+	}
+	ss.buckets[key] = b
+	s.m.RLQSBucket(1)
+	return b
 }
 
 // checkID returns why a bucket id is refused, "" when it is not.
