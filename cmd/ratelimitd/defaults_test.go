@@ -14,7 +14,6 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc/metadata"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -121,10 +120,9 @@ func TestTracingDefaults(t *testing.T) {
 func TestTracingSamplingRate(t *testing.T) {
 	recv := startOTLP(t, "grpc")
 	in := startTraced(t, recv, map[string]string{"TRACING_SAMPLING_RATE": "0"})
-	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
+	send := tracedAsk(t, in.grpcAddr)
 	ask := func(md ...string) {
-		ctx := metadata.AppendToOutgoingContext(context.Background(), md...)
-		if _, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "traced", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}}); err != nil {
+		if err := send(md...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -151,10 +149,8 @@ func TestTracingSamplingRate(t *testing.T) {
 func TestTracingHTTPByDefault(t *testing.T) {
 	recv := startOTLP(t, "http")
 	in := startTraced(t, recv, map[string]string{"TRACING_EXPORTER_PROTOCOL": ""})
-	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
 	const traceID = "6bf92f3577b34da6a3ce929d0e0e4736"
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
-	if _, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "traced", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}}); err != nil {
+	if err := tracedAsk(t, in.grpcAddr)("traceparent", "00-"+traceID+"-00f067aa0ba902b7-01"); err != nil {
 		t.Fatal(err)
 	}
 	recv.find(t, traceID, "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")

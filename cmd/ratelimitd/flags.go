@@ -92,77 +92,56 @@ func (p *pairs) Set(s string) error {
 	return nil
 }
 
-// positiveDuration is a duration flag that must be more than zero.
-type positiveDuration struct{ d *time.Duration }
-
-// positive binds a positiveDuration flag to d, set to def.
-func positive(d *time.Duration, def time.Duration) positiveDuration {
-	*d = def
-	return positiveDuration{d}
+// bounded is a flag whose value parse reads and refuses outside its
+// bounds, saying what it wants.
+type bounded[T any] struct {
+	p     *T
+	parse func(string) (T, bool)
+	want  string
 }
 
-func (p positiveDuration) String() string {
-	if p.d == nil {
-		return "0s"
-	}
-	return p.d.String()
+// bind sets *p to def and returns the flag that sets it.
+func bind[T any](p *T, def T, want string, parse func(string) (T, bool)) bounded[T] {
+	*p = def
+	return bounded[T]{p: p, parse: parse, want: want}
 }
 
-func (p positiveDuration) Set(s string) error {
-	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		return fmt.Errorf("want a positive duration such as 250ms or 5s, got %q", s)
+func (b bounded[T]) String() string {
+	if b.p == nil {
+		return ""
 	}
-	*p.d = d
+	return fmt.Sprint(*b.p)
+}
+
+func (b bounded[T]) Set(s string) error {
+	v, ok := b.parse(s)
+	if !ok {
+		return fmt.Errorf("want %s, got %q", b.want, s)
+	}
+	*b.p = v
 	return nil
 }
 
-// positiveIntFlag is an int flag that must be at least 1.
-type positiveIntFlag struct{ n *int }
-
-// positiveInt binds a positiveIntFlag to n, set to def.
-func positiveInt(n *int, def int) positiveIntFlag {
-	*n = def
-	return positiveIntFlag{n}
+// positive binds a duration flag that must be more than zero.
+func positive(d *time.Duration, def time.Duration) bounded[time.Duration] {
+	return bind(d, def, "a positive duration such as 250ms or 5s", func(s string) (time.Duration, bool) {
+		v, err := time.ParseDuration(s)
+		return v, err == nil && v > 0
+	})
 }
 
-func (p positiveIntFlag) String() string {
-	if p.n == nil {
-		return "0"
-	}
-	return strconv.Itoa(*p.n)
+// positiveInt binds an int flag that must be at least 1.
+func positiveInt(n *int, def int) bounded[int] {
+	return bind(n, def, "a whole number of at least 1", func(s string) (int, bool) {
+		v, err := strconv.Atoi(s)
+		return v, err == nil && v >= 1
+	})
 }
 
-func (p positiveIntFlag) Set(s string) error {
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 {
-		return fmt.Errorf("want a whole number of at least 1, got %q", s)
-	}
-	*p.n = n
-	return nil
-}
-
-// ratioFlag is a share in (0, 1].
-type ratioFlag struct{ r *float64 }
-
-// positiveRatio binds a ratioFlag to r, set to def.
-func positiveRatio(r *float64, def float64) ratioFlag {
-	*r = def
-	return ratioFlag{r}
-}
-
-func (p ratioFlag) String() string {
-	if p.r == nil {
-		return "0"
-	}
-	return strconv.FormatFloat(*p.r, 'g', -1, 64)
-}
-
-func (p ratioFlag) Set(s string) error {
-	r, err := strconv.ParseFloat(s, 64)
-	if err != nil || r <= 0 || r > 1 {
-		return fmt.Errorf("want a share in (0, 1], got %q", s)
-	}
-	*p.r = r
-	return nil
+// positiveRatio binds a share in (0, 1].
+func positiveRatio(r *float64, def float64) bounded[float64] {
+	return bind(r, def, "a share in (0, 1]", func(s string) (float64, bool) {
+		v, err := strconv.ParseFloat(s, 64)
+		return v, err == nil && v > 0 && v <= 1
+	})
 }

@@ -131,6 +131,17 @@ func attr(s *tracepb.Span, key string) string {
 
 const tracedRules = "domain: traced\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 100}\n"
 
+// tracedAsk returns a function sending one ShouldRateLimit of
+// tracedRules to addr, with md as its gRPC metadata (a traceparent, say).
+func tracedAsk(t *testing.T, addr string) func(md ...string) error {
+	client := rlsv3.NewRateLimitServiceClient(dial(t, addr))
+	return func(md ...string) error {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), md...)
+		_, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "traced", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}})
+		return err
+	}
+}
+
 // startTraced runs the service with the incumbent's tracing environment
 // (plus vars) exporting to recv, over tracedRules and a Redis of its own.
 func startTraced(t *testing.T, recv *otlpReceiver, vars map[string]string) *instance {
@@ -155,12 +166,7 @@ func startTraced(t *testing.T, recv *otlpReceiver, vars map[string]string) *inst
 func TestTracing(t *testing.T) {
 	recv := startOTLP(t, "grpc")
 	in := startTraced(t, recv, map[string]string{"TRACING_SERVICE_NAME": "rl-test"})
-	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
-	ask := func(md ...string) error {
-		ctx := metadata.AppendToOutgoingContext(context.Background(), md...)
-		_, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "traced", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}})
-		return err
-	}
+	ask := tracedAsk(t, in.grpcAddr)
 
 	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	if err := ask("traceparent", "00-"+traceID+"-"+parentID+"-01"); err != nil {
@@ -216,22 +222,19 @@ func TestTracing(t *testing.T) {
 func TestTracingHTTP(t *testing.T) {
 	recv := startOTLP(t, "http")
 	in := start(t, env(nil), "--config", writeRules(t, tracedRules), "--tracing-endpoint", recv.addr, "--tracing-protocol", "http")
-	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
 	const traceID = "5bf92f3577b34da6a3ce929d0e0e4736"
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
-	if _, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "traced", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}}); err != nil {
+	if err := tracedAsk(t, in.grpcAddr)("traceparent", "00-"+traceID+"-00f067aa0ba902b7-01"); err != nil {
 		t.Fatal(err)
 	}
 	recv.find(t, traceID, "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
 
 	dead := freeAddr(t) // nothing listens there
 	in = start(t, env(nil), "--config", writeRules(t, tracedRules), "--tracing-endpoint", dead)
-	client = rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
+	ask := tracedAsk(t, in.grpcAddr)
 	var slowest time.Duration
 	for i := range 300 {
-		ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", fmt.Sprintf("00-%032x-00f067aa0ba902b7-01", i+1))
 		start := time.Now()
-		if _, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "traced", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}}); err != nil {
+		if err := ask("traceparent", fmt.Sprintf("00-%032x-00f067aa0ba902b7-01", i+1)); err != nil {
 			t.Fatal(err)
 		}
 		slowest = max(slowest, time.Since(start))

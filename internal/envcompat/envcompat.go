@@ -368,6 +368,8 @@ func addrs(hosts []string, first string) string {
 // Prometheus (USE_PROMETHEUS=true). Unlike the incumbent, which refuses
 // two sinks, both may be on.
 func (m *mapper) stats() error {
+	// DISABLE_STATS=true turns every sink off; the others are then not
+	// read at all.
 	flags := map[string]bool{}
 	for _, name := range []string{"DISABLE_STATS", "USE_PROMETHEUS", "USE_DOG_STATSD", "USE_STATSD"} {
 		if v := m.getenv(name); v != "" {
@@ -377,8 +379,8 @@ func (m *mapper) stats() error {
 			}
 			flags[name] = b
 		}
-		if flags["DISABLE_STATS"] {
-			return nil // the others are not read
+		if name == "DISABLE_STATS" && flags[name] {
+			return nil
 		}
 	}
 	prom, dog := flags["USE_PROMETHEUS"], flags["USE_DOG_STATSD"]

@@ -10,29 +10,42 @@ type counter struct {
 	rateSum   float64   // their measured demand, requests per second
 	remaining uint64    // after the last grant
 	validTill time.Time // remaining is of a window that ends then
-	// The demand of ShouldRateLimit's callers on it here, hits per
-	// second (rlsRate < 0 until measured), from Demand's count.
-	rlsRate  float64
-	rlsHits  uint64
-	rlsSince time.Time
+	// rls is the demand of ShouldRateLimit's callers on it here, hits
+	// per second, from Demand's count (rlsHits when last read).
+	rls     meter
+	rlsHits uint64
 }
 
-// measureRLSLocked updates c's RLS demand from its count at now, as a
-// bucket's demand is measured: over a second at least, averaged with the
-// rate before.
+// meter measures a rate: counts add up until a second or more has passed
+// (counts closer than that say little of a rate), then make a rate
+// averaged with the one before, the first taken as it is.
+type meter struct {
+	rate    float64 // per second; < 0 until measured
+	pending uint64
+	since   time.Time
+}
+
+func newMeter(now time.Time) meter { return meter{rate: -1, since: now} }
+
+func (m *meter) add(now time.Time, n uint64) {
+	m.pending += n
+	if el := now.Sub(m.since); el >= time.Second {
+		r := float64(m.pending) / el.Seconds()
+		if m.rate < 0 {
+			m.rate = r
+		} else {
+			m.rate = (m.rate + r) / 2
+		}
+		m.pending, m.since = 0, now
+	}
+}
+
+// measureRLSLocked takes c's RLS callers' hits since it last looked into
+// their rate.
 func (s *Server) measureRLSLocked(key string, c *counter, now time.Time) {
-	el := now.Sub(c.rlsSince)
-	if el < time.Second {
-		return
-	}
 	n := s.plan.Demand().Hits(key)
-	r := float64(n-c.rlsHits) / el.Seconds()
-	if c.rlsRate < 0 {
-		c.rlsRate = r
-	} else {
-		c.rlsRate = (c.rlsRate + r) / 2
-	}
-	c.rlsHits, c.rlsSince = n, now
+	c.rls.add(now, n-c.rlsHits)
+	c.rlsHits = n
 }
 
 func (s *Server) unsubscribeLocked(b *bucket) {

@@ -59,11 +59,9 @@ type bucket struct {
 	subscribed string
 	contrib    float64 // the rate it added to its counter's rateSum
 
-	// Demand: requests (allowed and denied) per second, from the
-	// counts reported since rateSince; rate < 0 until measured.
-	rate       float64
-	pending    uint64
-	rateSince  time.Time
+	// Demand: requests (allowed and denied) per second, from the counts
+	// reported (its rate).
+	meter
 	lastActive time.Time // the last report with requests
 	lastReport time.Time
 	firstCount uint64 // requests of the first report
@@ -219,7 +217,7 @@ func (ss *Session) bucketOf(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsag
 		s.m.RLQSReject("too_many_buckets")
 		return nil
 	}
-	b := &bucket{key: key, id: &rlqsv3.BucketId{Bucket: maps.Clone(id)}, rate: -1, rateSince: now, lastActive: now, lastReport: now,
+	b := &bucket{key: key, id: &rlqsv3.BucketId{Bucket: maps.Clone(id)}, meter: newMeter(now), lastActive: now, lastReport: now,
 		firstCount: u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()}
 	if el := u.GetTimeElapsed().AsDuration(); el > 0 {
 		// Envoy reports a bucket new to it at once, with no time
@@ -269,18 +267,9 @@ func (b *bucket) observe(now time.Time, allowed, denied uint64) {
 	if n > 0 {
 		b.lastActive = now
 	}
-	b.pending += n
-	// Reports closer than a second (a new bucket's, then the next
-	// periodic one) say little of a rate: they add up until one does.
-	if el := now.Sub(b.rateSince); el >= time.Second {
-		r := float64(b.pending) / el.Seconds()
-		if b.rate < 0 {
-			b.rate = r
-		} else {
-			b.rate = (b.rate + r) / 2
-		}
-		b.pending, b.rateSince = 0, now
-	}
+	// A new bucket's report, then the next periodic one, come closer
+	// than the second a rate is measured over: they add up.
+	b.add(now, n)
 }
 
 // replan matches the bucket's descriptor, the domain's rlqs keys' values
@@ -313,7 +302,7 @@ func (ss *Session) replan(b *bucket, rules *config.Snapshot, keys []string) erro
 		if c == nil {
 			d := s.plan.Demand()
 			d.Watch(p.Check.Key)
-			c = &counter{rlsRate: -1, rlsHits: d.Hits(p.Check.Key), rlsSince: s.opts.Now()}
+			c = &counter{rls: newMeter(s.opts.Now()), rlsHits: d.Hits(p.Check.Key)}
 			s.counters[p.Check.Key] = c
 		}
 		c.subs++

@@ -71,7 +71,7 @@ func (ss *Session) demand(b *bucket, now time.Time) claim {
 	subs, remaining, share := 1.0, c.Limit, 1.0
 	if ctr := s.counters[b.subscribed]; ctr != nil {
 		s.measureRLSLocked(b.subscribed, ctr, now)
-		rls := max(0, ctr.rlsRate)
+		rls := max(0, ctr.rls.rate)
 		subs = float64(max(1, ctr.subs))
 		if rls > 0 {
 			subs++ // the RLS callers, as one more claimant

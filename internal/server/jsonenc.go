@@ -22,23 +22,12 @@ func appendResponseJSON(b []byte, resp *rlsv3.RateLimitResponse) (_ []byte, ok b
 		return b, false
 	}
 	b = append(b, '{')
-	sep := false
-	field := func(name string) {
-		if sep {
-			b = append(b, ',')
-		}
-		sep = true
-		b = append(b, '"')
-		b = append(b, name...)
-		b = append(b, '"', ':')
-	}
+	start := len(b)
 	if c := resp.GetOverallCode(); c != 0 {
-		field("overallCode")
-		b = appendEnum(b, rlsv3.RateLimitResponse_Code_name, int32(c))
+		b = appendEnum(appendKey(b, start, "overallCode"), rlsv3.RateLimitResponse_Code_name, int32(c))
 	}
 	if st := resp.GetStatuses(); len(st) > 0 {
-		field("statuses")
-		b = append(b, '[')
+		b = append(appendKey(b, start, "statuses"), '[')
 		for i, s := range st {
 			if i > 0 {
 				b = append(b, ',')
@@ -56,80 +45,73 @@ func appendResponseJSON(b []byte, resp *rlsv3.RateLimitResponse) (_ []byte, ok b
 		if len(hs.hv) == 0 {
 			continue
 		}
-		field(hs.name)
-		if b, ok = appendHeaders(b, hs.hv); !ok {
+		if b, ok = appendHeaders(appendKey(b, start, hs.name), hs.hv); !ok {
 			return b, false
 		}
 	}
 	return append(b, '}'), true
+}
+
+// appendKey writes a field's name, after a comma unless it is the first
+// of an object whose fields start at start.
+func appendKey(b []byte, start int, name string) []byte {
+	if len(b) > start {
+		b = append(b, ',')
+	}
+	b = append(b, '"')
+	b = append(b, name...)
+	return append(b, '"', ':')
 }
 
 func appendStatus(b []byte, s *rlsv3.RateLimitResponse_DescriptorStatus) ([]byte, bool) {
 	if s.GetQuota() != nil {
 		return b, false
 	}
+	var ok bool
 	b = append(b, '{')
-	n := len(b)
-	comma := func() {
-		if len(b) > n {
-			b = append(b, ',')
-		}
-	}
+	start := len(b)
 	if c := s.GetCode(); c != 0 {
-		b = append(b, `"code":`...)
-		b = appendEnum(b, rlsv3.RateLimitResponse_Code_name, int32(c))
+		b = appendEnum(appendKey(b, start, "code"), rlsv3.RateLimitResponse_Code_name, int32(c))
 	}
 	if l := s.GetCurrentLimit(); l != nil {
-		comma()
-		b = append(b, `"currentLimit":{`...)
-		m := len(b)
-		if l.GetName() != "" {
-			var ok bool
-			b = append(b, `"name":`...)
-			if b, ok = appendString(b, l.GetName()); !ok {
-				return b, false
-			}
+		if b, ok = appendLimit(appendKey(b, start, "currentLimit"), l); !ok {
+			return b, false
 		}
-		if v := l.GetRequestsPerUnit(); v != 0 {
-			if len(b) > m {
-				b = append(b, ',')
-			}
-			b = append(b, `"requestsPerUnit":`...)
-			b = strconv.AppendUint(b, uint64(v), 10)
-		}
-		if u := l.GetUnit(); u != 0 {
-			if len(b) > m {
-				b = append(b, ',')
-			}
-			b = append(b, `"unit":`...)
-			b = appendEnum(b, rlsv3.RateLimitResponse_RateLimit_Unit_name, int32(u))
-		}
-		if um := l.GetUnitMultiplier(); um != nil {
-			if len(b) > m {
-				b = append(b, ',')
-			}
-			b = append(b, `"unitMultiplier":`...)
-			b = strconv.AppendUint(b, uint64(um.GetValue()), 10)
-		}
-		b = append(b, '}')
 	}
 	if v := s.GetLimitRemaining(); v != 0 {
-		comma()
-		b = append(b, `"limitRemaining":`...)
-		b = strconv.AppendUint(b, uint64(v), 10)
+		b = strconv.AppendUint(appendKey(b, start, "limitRemaining"), uint64(v), 10)
 	}
 	if d := s.GetDurationUntilReset(); d != nil {
-		comma()
-		var ok bool
-		b = append(b, `"durationUntilReset":`...)
-		if b, ok = appendDuration(b, d); !ok {
+		if b, ok = appendDuration(appendKey(b, start, "durationUntilReset"), d); !ok {
 			return b, false
 		}
 	}
 	return append(b, '}'), true
 }
 
+func appendLimit(b []byte, l *rlsv3.RateLimitResponse_RateLimit) ([]byte, bool) {
+	var ok bool
+	b = append(b, '{')
+	start := len(b)
+	if l.GetName() != "" {
+		if b, ok = appendString(appendKey(b, start, "name"), l.GetName()); !ok {
+			return b, false
+		}
+	}
+	if v := l.GetRequestsPerUnit(); v != 0 {
+		b = strconv.AppendUint(appendKey(b, start, "requestsPerUnit"), uint64(v), 10)
+	}
+	if u := l.GetUnit(); u != 0 {
+		b = appendEnum(appendKey(b, start, "unit"), rlsv3.RateLimitResponse_RateLimit_Unit_name, int32(u))
+	}
+	if um := l.GetUnitMultiplier(); um != nil {
+		b = strconv.AppendUint(appendKey(b, start, "unitMultiplier"), uint64(um.GetValue()), 10)
+	}
+	return append(b, '}'), true
+}
+
 func appendHeaders(b []byte, hv []*corev3.HeaderValue) ([]byte, bool) {
+	var ok bool
 	b = append(b, '[')
 	for i, h := range hv {
 		if len(h.GetRawValue()) > 0 {
@@ -139,19 +121,14 @@ func appendHeaders(b []byte, hv []*corev3.HeaderValue) ([]byte, bool) {
 			b = append(b, ',')
 		}
 		b = append(b, '{')
-		var ok bool
+		start := len(b)
 		if h.GetKey() != "" {
-			b = append(b, `"key":`...)
-			if b, ok = appendString(b, h.GetKey()); !ok {
+			if b, ok = appendString(appendKey(b, start, "key"), h.GetKey()); !ok {
 				return b, false
 			}
 		}
 		if h.GetValue() != "" {
-			if h.GetKey() != "" {
-				b = append(b, ',')
-			}
-			b = append(b, `"value":`...)
-			if b, ok = appendString(b, h.GetValue()); !ok {
+			if b, ok = appendString(appendKey(b, start, "value"), h.GetValue()); !ok {
 				return b, false
 			}
 		}

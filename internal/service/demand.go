@@ -14,25 +14,19 @@ import (
 // counted, and a request pays one atomic load, while no counter is
 // watched. The zero value is usable.
 type Demand struct {
-	mu      sync.Mutex
 	watched atomic.Int32
 	keys    sync.Map // counter key → *atomic.Uint64
 }
 
-// Watch starts counting key's hits. Each Watch is undone by one Unwatch.
+// Watch starts counting key's hits (a key watched already goes on).
 func (d *Demand) Watch(key string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, ok := d.keys.Load(key); !ok {
-		d.keys.Store(key, new(atomic.Uint64))
+	if _, loaded := d.keys.LoadOrStore(key, new(atomic.Uint64)); !loaded {
 		d.watched.Add(1)
 	}
 }
 
 // Unwatch stops counting key's hits.
 func (d *Demand) Unwatch(key string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if _, ok := d.keys.LoadAndDelete(key); ok {
 		d.watched.Add(-1)
 	}
