@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -50,25 +51,60 @@ const (
 // errQueueFull is returned when the batch queue is full.
 var errQueueFull = errors.New("redisstore: batch queue full")
 
-// call is one script evaluation waiting for a dispatcher.
+// call is one script evaluation waiting for a dispatcher. Whoever
+// finishes it first — its dispatcher, or its deadline — sets its answer
+// and signals done once; a later finish finds it finished and does
+// nothing.
 type call struct {
 	ctx      context.Context
 	deadline time.Time
 	checks   []limit.Check
-	done     chan struct{} // closed once res and err are set
+	// done holds one signal: the finisher's send never blocks, even when
+	// the caller has stopped waiting.
+	done     chan struct{}
+	finished atomic.Bool
 	res      []any
 	err      error
-	batch    int // the calls sent with it, set before done closes
+	batch    int // the calls its round trip carried
 }
 
-// timers are reused between calls: a call waits at most until its
-// deadline, and a timer per call from the pool costs far less than a
-// context with its own.
-var timers = sync.Pool{New: func() any {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	return t
+// finish answers c unless it is already answered. The finisher must not
+// touch c afterwards: its caller may reuse it at once.
+func (c *call) finish(res []any, batch int, err error) {
+	if !c.finished.CompareAndSwap(false, true) {
+		return
+	}
+	c.res, c.batch, c.err = res, batch, err
+	c.done <- struct{}{}
+}
+
+// calls are reused once nothing else can still hold them: answered by
+// their dispatcher while their deadline had not fired (see submit).
+var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// expiry finishes a call when its deadline passes: one timer function
+// per caller, reused between calls, instead of a timer channel in the
+// caller's select (which Go keeps in the timer heap only while the
+// caller blocks on it, at a cost on every wait).
+type expiry struct {
+	t *time.Timer
+	c atomic.Pointer[call]
+}
+
+// expiries are reused when stopped before they fired; one that fired
+// is left to the collector, as its function may still be running.
+var expiries = sync.Pool{New: func() any {
+	e := &expiry{}
+	e.t = time.AfterFunc(time.Hour, e.fire)
+	e.t.Stop()
+	return e
 }}
+
+func (e *expiry) fire() {
+	if c := e.c.Load(); c != nil {
+		c.finish(nil, 0, context.DeadlineExceeded)
+	}
+}
 
 // batcher queues the calls bound for one Redis server.
 type batcher struct {
@@ -191,25 +227,42 @@ func offer(b *batcher, c *call) error {
 // context; batch is how many calls its round trip carried (0 when it
 // made none).
 func (s *Store) submit(ctx context.Context, deadline time.Time, checks []limit.Check) (vals []any, batch int, err error) {
-	c := &call{ctx: ctx, deadline: deadline, checks: checks, done: make(chan struct{})}
+	c := calls.Get().(*call)
+	c.ctx, c.deadline, c.checks = ctx, deadline, checks
 	if err := s.enqueue(ctx, c); err != nil {
+		c.reuse()
 		return nil, 0, err
 	}
-	t := timers.Get().(*time.Timer)
-	t.Reset(time.Until(deadline))
-	defer func() {
-		// Since Go 1.23 a stopped timer's channel holds no stale value.
-		t.Stop()
-		timers.Put(t)
-	}()
+	e := expiries.Get().(*expiry)
+	e.c.Store(c)
+	e.t.Reset(time.Until(deadline))
 	select {
 	case <-c.done:
-		return c.res, c.batch, c.err
+		vals, batch, err = c.res, c.batch, c.err
+		if e.t.Stop() {
+			// The deadline never fired, so the dispatcher answered, and
+			// has let go of c; nothing holds either any more.
+			e.reuse()
+			c.reuse()
+		}
+		return vals, batch, err
 	case <-ctx.Done():
+		// c stays with its dispatcher, which answers it to no one.
+		if e.t.Stop() {
+			e.reuse()
+		}
 		return nil, 0, ctx.Err()
-	case <-t.C:
-		return nil, 0, context.DeadlineExceeded
 	}
+}
+
+func (e *expiry) reuse() {
+	e.c.Store(nil)
+	expiries.Put(e)
+}
+
+func (c *call) reuse() {
+	*c = call{done: c.done}
+	calls.Put(c)
 }
 
 // gatherAfter is the previous batch's size from which a dispatcher yields
@@ -284,8 +337,7 @@ func (s *Store) send(b *batcher, batch []*call) {
 			err = context.DeadlineExceeded
 		}
 		if err != nil {
-			c.err = err
-			close(c.done)
+			c.finish(nil, 0, err)
 			continue
 		}
 		if c.deadline.After(deadline) {
@@ -295,9 +347,6 @@ func (s *Store) send(b *batcher, batch []*call) {
 	}
 	if len(live) == 0 {
 		return
-	}
-	for _, c := range live {
-		c.batch = len(live)
 	}
 	// Evaluate has already bounded every call's deadline by the timeout.
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
@@ -309,7 +358,7 @@ func (s *Store) send(b *batcher, batch []*call) {
 	start := time.Now()
 	vals, err := s.runOn(ctx, b.client, requests(live))
 	s.breaker.roundTrip(start, deadline, err)
-	s.deliver(ctx, live, vals, err)
+	s.deliver(ctx, live, len(live), vals, err)
 }
 
 // requests returns the calls' checks.
@@ -321,21 +370,23 @@ func requests(calls []*call) [][]limit.Check {
 	return reqs
 }
 
-// deliver hands each call its part of one script call's reply.
-func (s *Store) deliver(ctx context.Context, calls []*call, vals []any, err error) {
+// deliver hands each call its part of one script call's reply; batch is
+// how many calls the round trip carried.
+func (s *Store) deliver(ctx context.Context, calls []*call, batch int, vals []any, err error) {
 	if err != nil && len(calls) > 1 && refusedWhole(err) {
-		s.runAlone(ctx, calls)
+		s.runAlone(ctx, calls, batch)
 		return
 	}
 	k0 := 0
 	for _, c := range calls {
+		n := len(c.checks)
 		if err != nil {
-			c.err = err
+			c.finish(nil, batch, err)
 		} else {
-			c.res, c.err = splitReply(vals, k0, len(c.checks))
+			res, err := splitReply(vals, k0, n)
+			c.finish(res, batch, err)
 		}
-		k0 += len(c.checks)
-		close(c.done)
+		k0 += n
 	}
 }
 
@@ -376,7 +427,7 @@ func (s *Store) sendSlots(ctx context.Context, b *batcher, live []*call) {
 	})
 	for _, g := range groups {
 		if g.err != nil {
-			s.deliver(ctx, g.calls, nil, g.err)
+			s.deliver(ctx, g.calls, len(live), nil, g.err)
 			continue
 		}
 		res, err := g.cmd.Result()
@@ -393,7 +444,7 @@ func (s *Store) sendSlots(ctx context.Context, b *batcher, live []*call) {
 			}
 		}
 		vals, err := checkReply(res, err, len(g.keys))
-		s.deliver(ctx, g.calls, vals, err)
+		s.deliver(ctx, g.calls, len(live), vals, err)
 	}
 }
 
@@ -415,7 +466,7 @@ func refusedWhole(err error) bool {
 
 // runAlone sends each call of a refused batch as its own script call,
 // concurrently, so that a refusal reaches only the requests it concerns.
-func (s *Store) runAlone(ctx context.Context, calls []*call) {
+func (s *Store) runAlone(ctx context.Context, calls []*call, batch int) {
 	var wg sync.WaitGroup
 	for _, c := range calls {
 		wg.Go(func() {
@@ -427,8 +478,7 @@ func (s *Store) runAlone(ctx context.Context, calls []*call) {
 			if err == nil {
 				vals, err = splitReply(vals, 0, len(c.checks))
 			}
-			c.res, c.err = vals, err
-			close(c.done)
+			c.finish(vals, batch, err)
 		})
 	}
 	wg.Wait()
@@ -439,8 +489,7 @@ func failQueued(b *batcher) {
 	for {
 		select {
 		case c := <-b.queue:
-			c.err = redis.ErrClosed
-			close(c.done)
+			c.finish(nil, 0, redis.ErrClosed)
 		default:
 			return
 		}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -320,4 +321,71 @@ func (s *syncBuf) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestLateAnswerReachesNoOne: calls that give up at their deadline while
+// their round trip is stalled (Redis paused for 1.5 x the timeout, three
+// times) are answered by their dispatcher later, when newer calls are
+// waiting; each caller has a key and a limit of its own, and every answer
+// it gets must be of its own counter (a remaining count between its
+// limit less its attempts and its limit less its decisions), never one
+// meant for a call that gave up.
+func TestLateAnswerReachesNoOne(t *testing.T) {
+	srv := redistest.Start(t)
+	const timeout = 40 * time.Millisecond
+	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: timeout, BreakerOpenAfter: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if _, err := s.Evaluate(ctx, hourCheck); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var late, wrong, decided atomic.Int64
+	for i := range 100 {
+		wg.Go(func() {
+			lim := uint64(i+1) * 1_000_000
+			check := []limit.Check{{Key: fmt.Sprint("late", i), Limit: lim, WindowUS: 3600e6, Hits: 1}}
+			var attempts, ok uint64
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				attempts++
+				r, err := s.Evaluate(ctx, check)
+				if err != nil {
+					late.Add(1)
+					continue
+				}
+				ok++
+				decided.Add(1)
+				if rem := r[0].Remaining; rem+attempts < lim || rem+ok > lim {
+					if wrong.Add(1) <= 3 {
+						t.Errorf("caller %d (limit %d, %d attempts, %d decided) was answered remaining %d", i, lim, attempts, ok, rem)
+					}
+				}
+			}
+		})
+	}
+	for range 6 {
+		time.Sleep(150 * time.Millisecond)
+		srv.Pause()
+		time.Sleep(timeout * 3 / 2)
+		srv.Resume()
+	}
+	time.Sleep(150 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	t.Logf("%d decided, %d gave up at their deadline, %d answered with another's counter", decided.Load(), late.Load(), wrong.Load())
+	if late.Load() == 0 {
+		t.Error("no call gave up at its deadline: the stalls tested nothing")
+	}
+	if decided.Load() == 0 {
+		t.Error("no call decided")
+	}
 }
