@@ -73,6 +73,8 @@ type Report struct {
 	RoundTrips     float64 `json:"redis_round_trips_per_decision,omitempty"`
 	Commands       float64 `json:"redis_commands_per_decision,omitempty"`
 	ServiceCPUUS   float64 `json:"service_cpu_us_per_decision,omitempty"`
+	ServiceReads   float64 `json:"service_read_syscalls_per_decision,omitempty"`
+	ServiceWrites  float64 `json:"service_write_syscalls_per_decision,omitempty"`
 	Pipelines      float64 `json:"redis_pipelines_per_decision,omitempty"`
 	MeanBatch      float64 `json:"mean_batch,omitempty"`
 	Descriptors    int     `json:"descriptors"`
@@ -239,6 +241,8 @@ func (r *Report) per(o *options, before, after counters) {
 	}
 	if n > 0 && o.pid > 0 {
 		r.ServiceCPUUS = (after.serviceCPU - before.serviceCPU) * 1e6 / float64(n)
+		r.ServiceReads = float64(after.reads-before.reads) / float64(n)
+		r.ServiceWrites = float64(after.writes-before.writes) / float64(n)
 	}
 }
 
@@ -254,7 +258,7 @@ func (r *Report) print(out io.Writer, o *options) {
 		fmt.Fprintf(out, "redis: %.2f µs CPU, %.3f round trips, %.2f commands per decision\n", r.RedisCPUUS, r.RoundTrips, r.Commands)
 	}
 	if o.pid > 0 {
-		fmt.Fprintf(out, "service: %.2f µs CPU per decision\n", r.ServiceCPUUS)
+		fmt.Fprintf(out, "service: %.2f µs CPU, %.3f read and %.3f write system calls per decision\n", r.ServiceCPUUS, r.ServiceReads, r.ServiceWrites)
 	}
 	if o.metricsURL != "" {
 		fmt.Fprintf(out, "batching: %.3f pipelines (round trips) per decision, mean batch %.1f\n", r.Pipelines, r.MeanBatch)
@@ -368,6 +372,7 @@ func (l *latencies) quantiles() (p50, p99, p999, mx float64) {
 
 type counters struct {
 	redisCPU, serviceCPU float64
+	reads, writes        int64 // the service's read and write system calls
 	evalsha, commands    int64
 	batches, batched     float64
 }
@@ -391,6 +396,9 @@ func sample(ctx context.Context, o *options) (counters, error) {
 			return c, fmt.Errorf("-pid: %w", err)
 		}
 		c.serviceCPU = cpu
+		if c.reads, c.writes, err = processIO(o.pid); err != nil {
+			return c, fmt.Errorf("-pid: %w", err)
+		}
 	}
 	return c, nil
 }
@@ -464,6 +472,26 @@ func processCPU(pid int) (float64, error) {
 	ut, _ := strconv.ParseFloat(f[11], 64)
 	st, _ := strconv.ParseFloat(f[12], 64)
 	return (ut + st) / 100, nil
+}
+
+// processIO is a process's read and write system calls so far (syscr and
+// syscw of /proc/PID/io): on a VM where a system call costs microseconds,
+// how many a decision takes is much of what it costs.
+func processIO(pid int) (reads, writes int64, err error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(stat), "\n") {
+		k, v, _ := strings.Cut(line, ": ")
+		switch k {
+		case "syscr":
+			reads, _ = strconv.ParseInt(v, 10, 64)
+		case "syscw":
+			writes, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return reads, writes, nil
 }
 
 // noop answers OK to everything without looking at it.
