@@ -414,11 +414,66 @@ local function decide(k0, n)
   end
 end
 
+-- fast decides a request of the one key k on the common path — plain
+-- hits (no refund, shadow, usage or big hits) on a fixed window whose key
+-- holds nothing or this window's plain count — as decide does, operation
+-- for operation, without its per-key scratch, flag decoding and pcall
+-- (its one write is a redis.pcall); it returns false, having done
+-- nothing, for anything else. Measured: 3.4 -> 2.95 us a key at batches
+-- of 64, one key a request (docs/BENCHMARKS.md).
+local function fast(k)
+  if not vals then return false end
+  local v = tonumber(ARGV[A0 + k - 1])
+  local h = floor(v / HITS_UNIT)
+  local rf = v - h * HITS_UNIT
+  if rf % RULE_UNIT ~= 0 then return false end
+  local q = rf / RULE_UNIT
+  if alg[q] ~= 0 then return false end
+  local key = KEYS[k]
+  local raw = written[key]
+  if raw == nil then raw = vals[k] end
+  local c = 0
+  if raw then
+    local sc = match(raw, pat[q])
+    if not sc then return false end
+    c = tonumber(sc)
+  else
+    raw = nil
+  end
+  local l = lim[q]
+  local o = c + h > l
+  -- Under the limit, c + h <= l < 2^51: no saturation to apply.
+  if not o then c = c + h end
+  local val = nil
+  if c > 0 then
+    if c < 1e14 then val = pre[q] .. c else val = pre[q] .. num(c) end
+  end
+  local r = nil
+  if not val then
+    if raw then r = redis.pcall('DEL', key) end
+  elseif val ~= raw then
+    r = redis.pcall('SET', key, val, 'PX', ttl[q])
+  end
+  local m = #out
+  if type(r) == 'table' and r.err then
+    out[m + 1], out[m + 2], out[m + 3] = -1, tostring(r.err), 0
+    return true
+  end
+  if r then written[key] = val or false end
+  local remaining = 0
+  if c < l then remaining = l - c end
+  if o then out[m + 1] = 1 else out[m + 1] = 0 end
+  out[m + 2] = remaining
+  out[m + 3] = e[q] - now
+  return true
+end
+
 local k0 = 0
 for r = 1, R do
   local n = tonumber(ARGV[2 + r])
   local mark = #out
-  local ok, err = pcall(decide, k0, n)
+  local ok, err = true, nil
+  if n ~= 1 or not fast(k0 + 1) then ok, err = pcall(decide, k0, n) end
   if not ok then
     for j = mark + 1, #out do out[j] = nil end
     local msg = err
