@@ -60,6 +60,9 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	for _, r := range reqs {
 		nkeys += len(r)
 	}
+	// One key a request, the common batch: the script is told so by a
+	// negative count of requests, and reads no count per request.
+	ones := nkeys == len(reqs) && !slices.ContainsFunc(reqs, func(r []limit.Check) bool { return len(r) != 1 })
 	keys := make([]string, 0, nkeys)
 	var rules []rule
 	// A call usually holds a few rules, found faster by a scan than in a
@@ -118,9 +121,13 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 		}
 	}
 	args := make([]any, 0, 3+len(reqs)+4*len(rules)+len(perKey))
-	args = append(args, s.nowArg(), len(reqs))
-	for _, r := range reqs {
-		args = append(args, len(r))
+	if ones {
+		args = append(args, s.nowArg(), -len(reqs))
+	} else {
+		args = append(args, s.nowArg(), len(reqs))
+		for _, r := range reqs {
+			args = append(args, len(r))
+		}
 	}
 	args = append(args, len(rules))
 	for _, ru := range rules {

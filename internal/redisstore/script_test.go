@@ -17,7 +17,7 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 // header documents the layout): a change to the encoding must show here,
 // and in the script, together.
 func TestScriptArgsGolden(t *testing.T) {
-	reqs := [][]limit.Check{
+	goldenArgs(t, "script_args.golden", [][]limit.Check{
 		{
 			{Key: "a", Limit: 5, WindowUS: 60e6, Hits: 1},
 			{Key: "b", Limit: 10, WindowUS: 1e6, Hits: 3, Algorithm: limit.SlidingWindow, NoVeto: true},
@@ -34,7 +34,18 @@ func TestScriptArgsGolden(t *testing.T) {
 			// Hits past 2^32 go after the keys' values.
 			{Key: "h", Limit: limit.MaxLimit, WindowUS: 3600e6, Hits: 1 << 45, Usage: true, FlightS: 60},
 		},
-	}
+	})
+	// Every request of one key: no count per request, -R instead of R.
+	goldenArgs(t, "script_args_ones.golden", [][]limit.Check{
+		{{Key: "a", Limit: 5, WindowUS: 60e6, Hits: 1}},
+		{{Key: "b", Limit: 5, WindowUS: 60e6, Hits: 2}},
+		{{Key: "c", Limit: 10, WindowUS: 1e6, Hits: 1, Algorithm: limit.SlidingWindow}},
+	})
+}
+
+// goldenArgs compares how reqs are encoded with testdata/name.
+func goldenArgs(t *testing.T, name string, reqs [][]limit.Check) {
+	t.Helper()
 	keys, args, err := (&Store{}).scriptArgs(reqs)
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +55,7 @@ func TestScriptArgsGolden(t *testing.T) {
 	for i, a := range args {
 		fmt.Fprintf(&b, "ARGV[%d] %v\n", i+1, a)
 	}
-	golden := filepath.Join("testdata", "script_args.golden")
+	golden := filepath.Join("testdata", name)
 	if *update {
 		if err := os.WriteFile(golden, []byte(b.String()), 0o644); err != nil {
 			t.Fatal(err)

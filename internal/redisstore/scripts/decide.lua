@@ -8,7 +8,8 @@
 -- ARGV[1]  "0": read now from Redis TIME (what production always sends);
 --          otherwise now in integer microseconds (tests only)
 -- ARGV[2]  R, the number of requests; ARGV[3..2+R] the number of keys of
---          each, in KEYS order
+--          each, in KEYS order; or -R when every request has one key,
+--          and no counts follow (an argument a request fewer to read)
 -- then Q, the number of distinct rules, and per rule 4 values:
 --          limit, window_us, algorithm (0 fixed window, 1 sliding window,
 --          2 token bucket) + 4 * calendar (0 none, 1 the UTC month, 2 the
@@ -133,14 +134,17 @@ local function num(x)
 end
 
 local R = tonumber(ARGV[2])
-local Q = tonumber(ARGV[3 + R])
+-- C, the per-request key counts sent: none when each request has one key.
+local C = R
+if R < 0 then R, C = -R, 0 end
+local Q = tonumber(ARGV[3 + C])
 -- Per rule: limit, window, algorithm, burst, and what follows from them
 -- and now: window end and its value prefix and patterns, the sliding
 -- window's weight of the previous window, the bucket's interval and
 -- capacity, the PX of a fixed or sliding window's key.
 local lim, win, alg, e, ws, pre, pat, ppat, ppm, ival, cap, ttl, fexp = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 for q = 1, Q do
-  local b = 4 + R + (q - 1) * 4
+  local b = 4 + C + (q - 1) * 4
   local l, w, a, burst = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   -- A budget check admitted now stays in flight until fexp (limit.FlightExp).
   local fs = floor(a / 16)
@@ -175,7 +179,7 @@ for q = 1, Q do
     end
   end
 end
-local A0 = 4 + R + 4 * Q -- the first key's values
+local A0 = 4 + C + 4 * Q -- the first key's values
 
 -- One MGET for the whole call (nothing is written yet if it fails).
 -- unpack is bounded by Lua's stack: larger calls read key by key.
@@ -470,7 +474,8 @@ end
 
 local k0 = 0
 for r = 1, R do
-  local n = tonumber(ARGV[2 + r])
+  local n = 1
+  if C > 0 then n = tonumber(ARGV[2 + r]) end
   local mark = #out
   local ok, err = true, nil
   if n ~= 1 or not fast(k0 + 1) then ok, err = pcall(decide, k0, n) end
