@@ -8,14 +8,26 @@ import (
 	"google.golang.org/grpc/mem"
 )
 
-// requestCodec is the gRPC server's codec: a RateLimitRequest is read by
+// rlsCodec is the gRPC server's codec: a RateLimitRequest is read by
 // decodeRequest when it takes it (what Envoy sends, with a fifth to a
-// third of protobuf-go's allocations); every other message, every reply,
-// and any request it does not take go through gRPC's own protobuf codec.
-type requestCodec struct{ encoding.CodecV2 }
+// third of protobuf-go's allocations), a RateLimitResponse written by
+// appendResponse when responseSize takes it (what the service sets);
+// every other message, and anything those leave, goes through gRPC's own
+// protobuf codec.
+type rlsCodec struct{ encoding.CodecV2 }
+
+// Marshal writes v.
+func (c rlsCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if resp, ok := v.(*rlsv3.RateLimitResponse); ok {
+		if n, ok := responseSize(resp); ok {
+			return mem.BufferSlice{mem.SliceBuffer(appendResponse(make([]byte, 0, n), resp))}, nil
+		}
+	}
+	return c.CodecV2.Marshal(v)
+}
 
 // Unmarshal reads v from data.
-func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
+func (c rlsCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if m, ok := v.(*rlsv3.RateLimitRequest); ok {
 		// decodeRequest copies what it keeps: the buffers may be reused
 		// once this returns.
@@ -35,7 +47,7 @@ func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return c.CodecV2.Unmarshal(data, v)
 }
 
-// codecOption is the server option that installs requestCodec.
+// codecOption is the server option that installs rlsCodec.
 func codecOption() grpc.ServerOption {
-	return grpc.ForceServerCodecV2(requestCodec{encoding.GetCodecV2(proto.Name)})
+	return grpc.ForceServerCodecV2(rlsCodec{encoding.GetCodecV2(proto.Name)})
 }

@@ -17,6 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -156,23 +157,28 @@ func BenchmarkDecodeRequest(b *testing.B) {
 	}
 }
 
-// echoDecider keeps the last request it was asked.
+// echoDecider keeps the last request it was asked and answers resp.
 type echoDecider struct {
 	*service.Service
-	got chan *rlsv3.RateLimitRequest
+	got  chan *rlsv3.RateLimitRequest
+	resp *rlsv3.RateLimitResponse
 }
 
 func (e *echoDecider) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	e.got <- req
-	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+	return e.resp, nil
 }
 
-// TestRequestCodecOverGRPC: through a real gRPC connection the service
-// gets exactly the request sent, whether decodeRequest takes it (Envoy's
+// TestCodecOverGRPC: through a real gRPC connection the service gets
+// exactly the request sent, whether decodeRequest takes it (Envoy's
 // shape), leaves it to protobuf (a limit override), or it arrives in
-// several buffers (a request of about 200 KB); health checks, another
-// service's messages, still work.
-func TestRequestCodecOverGRPC(t *testing.T) {
+// several buffers (a request of about 200 KB); the caller gets exactly
+// the response the service gave, whether appendResponse writes it or
+// protobuf-go does (dynamic metadata); health checks, another service's
+// messages, still work.
+func TestCodecOverGRPC(t *testing.T) {
+	meta, _ := structpb.NewStruct(map[string]any{"k": "v"})
+	rng := rand.New(rand.NewPCG(9, 10))
 	dec := &echoDecider{Service: newService(t), got: make(chan *rlsv3.RateLimitRequest, 1)}
 	srv := New(dec, Options{})
 	gl, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -200,11 +206,21 @@ func TestRequestCodecOverGRPC(t *testing.T) {
 	}
 	client := rlsv3.NewRateLimitServiceClient(cc)
 	for name, req := range map[string]*rlsv3.RateLimitRequest{"plain": plain, "override": override, "large": large} {
-		if _, err := client.ShouldRateLimit(context.Background(), req); err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		if got := <-dec.got; !proto.Equal(got, req) {
-			t.Errorf("%s: the service got\n%v\nwant\n%v", name, got, req)
+		for i := range 20 {
+			dec.resp = randomResponse(rng)
+			if i%4 == 0 {
+				dec.resp.DynamicMetadata = meta
+			}
+			resp, err := client.ShouldRateLimit(context.Background(), req)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if got := <-dec.got; !proto.Equal(got, req) {
+				t.Fatalf("%s: the service got\n%v\nwant\n%v", name, got, req)
+			}
+			if !proto.Equal(resp, dec.resp) {
+				t.Fatalf("%s: the caller got\n%v\nwant\n%v", name, resp, dec.resp)
+			}
 		}
 	}
 	if r, err := healthpb.NewHealthClient(cc).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
