@@ -22,7 +22,7 @@ muts = [
     ("1 sliding TTL one window short","internal/redisstore/scripts/decide.lua","ttl[q] = px(we + w + GRACE)","ttl[q] = px(we + GRACE)","./internal/redisstore","TestKeyTTLsCoverTheState"),
     ("2 token bucket TTL 1 s","internal/redisstore/scripts/decide.lua","ex = px(c + GRACE)","ex = '1000'","./internal/redisstore","TestKeyTTLsCoverTheState"),
     ("3 cache blocks a whole window","internal/service/decide.go","now.Add(time.Duration(res[j].ResetUS)*time.Microsecond)","now.Add(time.Duration(ch.WindowUS)*time.Microsecond)","./internal/service","TestCacheBlocksUntilExactReset"),
-    ("4 no pcall","internal/redisstore/scripts/decide.lua","local ok, err = pcall(decide, k0, n)","decide(k0, n) local ok, err = true, nil","./internal/redisstore","TestScriptErrorStaysWithItsRequest"),
+    ("4 no pcall","internal/redisstore/scripts/decide.lua","then ok, err = pcall(decide, k0, n) end","then decide(k0, n) end","./internal/redisstore","TestScriptErrorStaysWithItsRequest"),
     ("5 cluster no refund of earlier slots","internal/limit/order.go","undo(ctx, checks, groups[:g], results, groups[g+1:])","undo(ctx, checks, nil, results, groups[g+1:])","./internal/redisstore","TestCluster$"),
     ("6 duplicate key-only accepted","config/parse.go","prev, kr.def = kr.def, r","kr.def = r","./config","TestBadConfigs"),
     ("7 gRPC health SERVING while draining","internal/server/server.go","\ts.health.Shutdown()\n","","./internal/server","TestShutdownDrains"),
