@@ -101,15 +101,8 @@ func TestBreakerKillRestart(t *testing.T) {
 func TestPausedRedisBounded(t *testing.T) {
 	srv := redistest.Start(t)
 	const timeout, openAfter = 30 * time.Millisecond, 150 * time.Millisecond
-	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: timeout, BreakerOpenAfter: openAfter, ProbeInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := decidedOnce(t, redisstore.Options{URL: srv.URL(), Timeout: timeout, BreakerOpenAfter: openAfter, ProbeInterval: 50 * time.Millisecond})
 	ctx := context.Background()
-	if _, err := s.Evaluate(ctx, hourCheck); err != nil {
-		t.Fatal(err)
-	}
 	type result struct {
 		start, end time.Time
 		err        error
@@ -205,15 +198,8 @@ func TestSlowRoundTripKeepsBreakerClosed(t *testing.T) {
 	srv := redistest.Start(t)
 	m := metrics.New("test")
 	const timeout = 50 * time.Millisecond
-	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: timeout, Metrics: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := decidedOnce(t, redisstore.Options{URL: srv.URL(), Timeout: timeout, Metrics: m})
 	ctx := context.Background()
-	if _, err := s.Evaluate(ctx, hourCheck); err != nil {
-		t.Fatal(err)
-	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -333,15 +319,8 @@ func (s *syncBuf) String() string {
 func TestLateAnswerReachesNoOne(t *testing.T) {
 	srv := redistest.Start(t)
 	const timeout = 40 * time.Millisecond
-	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: timeout, BreakerOpenAfter: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := decidedOnce(t, redisstore.Options{URL: srv.URL(), Timeout: timeout, BreakerOpenAfter: time.Minute})
 	ctx := context.Background()
-	if _, err := s.Evaluate(ctx, hourCheck); err != nil {
-		t.Fatal(err)
-	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var late, wrong, decided atomic.Int64
@@ -388,4 +367,19 @@ func TestLateAnswerReachesNoOne(t *testing.T) {
 	if decided.Load() == 0 {
 		t.Error("no call decided")
 	}
+}
+
+// decidedOnce returns a store on opts that has decided one request
+// (Redis reached, the script loaded), closed when the test ends.
+func decidedOnce(t *testing.T, opts redisstore.Options) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if _, err := s.Evaluate(context.Background(), hourCheck); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

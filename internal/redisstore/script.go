@@ -56,13 +56,13 @@ func (s *Store) runOn(ctx context.Context, c redis.Scripter, reqs [][]limit.Chec
 // leaves room for 2^16 rules per call; the dispatcher keeps a batch far
 // below that (maxBatchKeys), and a single request beyond it is refused.
 func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
-	nkeys := 0
+	// ones: one key a request, the common batch: the script is told so
+	// by a negative count of requests, and reads no count per request.
+	nkeys, ones := 0, true
 	for _, r := range reqs {
 		nkeys += len(r)
+		ones = ones && len(r) == 1
 	}
-	// One key a request, the common batch: the script is told so by a
-	// negative count of requests, and reads no count per request.
-	ones := nkeys == len(reqs) && !slices.ContainsFunc(reqs, func(r []limit.Check) bool { return len(r) != 1 })
 	keys := make([]string, 0, nkeys)
 	var rules []rule
 	// A call usually holds a few rules, found faster by a scan than in a

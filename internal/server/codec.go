@@ -6,6 +6,7 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
+	protobuf "google.golang.org/protobuf/proto"
 )
 
 // rlsCodec is the gRPC server's codec: a RateLimitRequest is read by
@@ -28,23 +29,18 @@ func (c rlsCodec) Marshal(v any) (mem.BufferSlice, error) {
 
 // Unmarshal reads v from data.
 func (c rlsCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	if m, ok := v.(*rlsv3.RateLimitRequest); ok {
-		// decodeRequest copies what it keeps: the buffers may be reused
-		// once this returns.
-		if len(data) == 1 {
-			if decodeRequest(data[0].ReadOnlyData(), m) {
-				return nil
-			}
-		} else {
-			buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
-			ok := decodeRequest(buf.ReadOnlyData(), m)
-			buf.Free()
-			if ok {
-				return nil
-			}
-		}
+	m, ok := v.(*rlsv3.RateLimitRequest)
+	if !ok {
+		return c.CodecV2.Unmarshal(data, v)
 	}
-	return c.CodecV2.Unmarshal(data, v)
+	// One buffer comes back as itself, with no copy; decodeRequest copies
+	// what it keeps, as the buffers are reused once this returns.
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	if decodeRequest(buf.ReadOnlyData(), m) {
+		return nil
+	}
+	return protobuf.Unmarshal(buf.ReadOnlyData(), m)
 }
 
 // codecOption is the server option that installs rlsCodec.

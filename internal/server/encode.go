@@ -25,11 +25,10 @@ func responseSize(resp *rlsv3.RateLimitResponse) (n int, ok bool) {
 	}
 	n = enumSize(int32(resp.OverallCode)) + bytesSize(len(resp.RawBody))
 	for _, st := range resp.Statuses {
-		m, ok := statusSize(st)
-		if !ok {
+		if !statusTaken(st) {
 			return 0, false
 		}
-		n += 1 + protowire.SizeBytes(m)
+		n += 1 + protowire.SizeBytes(statusSize(st))
 	}
 	for _, hs := range [][]*corev3.HeaderValue{resp.ResponseHeadersToAdd, resp.RequestHeadersToAdd} {
 		for _, h := range hs {
@@ -43,12 +42,12 @@ func responseSize(resp *rlsv3.RateLimitResponse) (n int, ok bool) {
 }
 
 // appendResponse appends resp as proto.Marshal writes it (fields in
-// number order), once responseSize has taken it.
+// number order), once responseSize has taken it: the checks are made
+// there, once; the sizes here are arithmetic.
 func appendResponse(b []byte, resp *rlsv3.RateLimitResponse) []byte {
 	b = appendEnumField(b, 1, int32(resp.OverallCode))
 	for _, st := range resp.Statuses {
-		n, _ := statusSize(st)
-		b = protowire.AppendVarint(protowire.AppendTag(b, 2, protowire.BytesType), uint64(n))
+		b = protowire.AppendVarint(protowire.AppendTag(b, 2, protowire.BytesType), uint64(statusSize(st)))
 		b = appendStatusProto(b, st)
 	}
 	for i, hs := range [][]*corev3.HeaderValue{resp.ResponseHeadersToAdd, resp.RequestHeadersToAdd} {
@@ -62,24 +61,27 @@ func appendResponse(b []byte, resp *rlsv3.RateLimitResponse) []byte {
 	return appendBytesField(b, 5, resp.RawBody)
 }
 
-func statusSize(st *rlsv3.RateLimitResponse_DescriptorStatus) (int, bool) {
+// statusTaken reports a status appendStatusProto writes as protobuf-go
+// would: no quota, no unknown fields, UTF-8 text.
+func statusTaken(st *rlsv3.RateLimitResponse_DescriptorStatus) bool {
 	if st == nil || st.Quota != nil || unknown(st) {
-		return 0, false
+		return false
 	}
+	if l := st.CurrentLimit; l != nil && (unknown(l) || !utf8.ValidString(l.Name) || (l.UnitMultiplier != nil && unknown(l.UnitMultiplier))) {
+		return false
+	}
+	return st.DurationUntilReset == nil || !unknown(st.DurationUntilReset)
+}
+
+func statusSize(st *rlsv3.RateLimitResponse_DescriptorStatus) int {
 	n := enumSize(int32(st.Code)) + varintSize(uint64(st.LimitRemaining))
 	if l := st.CurrentLimit; l != nil {
-		if unknown(l) || !utf8.ValidString(l.Name) || (l.UnitMultiplier != nil && unknown(l.UnitMultiplier)) {
-			return 0, false
-		}
 		n += 1 + protowire.SizeBytes(limitSize(l))
 	}
 	if d := st.DurationUntilReset; d != nil {
-		if unknown(d) {
-			return 0, false
-		}
 		n += 1 + protowire.SizeBytes(durationSize(d))
 	}
-	return n, true
+	return n
 }
 
 func appendStatusProto(b []byte, st *rlsv3.RateLimitResponse_DescriptorStatus) []byte {
