@@ -160,7 +160,7 @@ muts = [
     ("142 usage per check dropped at every window","internal/limit/limit.go","avg, k := st.Avg, st.Charges","avg, k := uint64(0), st.Charges*0","./internal/limit","TestBudgetChecksInFlight"),
     ("143 refused budget check goes in flight","internal/limit/limit.go","consume := admitted && !results[i].Over && !c.Refund || c.Charge()","consume := admitted && !results[i].Over && !c.Refund || c.Usage && !c.Refund","./internal/limit","TestBudgetChecksInFlight"),
     ("144 the mapping's old regex: (.*) and a mandatory (\\..*)","internal/compatstats/default_mapper.yaml","rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.near_limit","rate_limit\\.(.*)\\.(.*)\\.(.*)(\\..*)\\.near_limit","./cmd/ratelimitd","TestIncumbentRecorded"),
-    ("145 a detailed_metric value keeps its dots","internal/compatstats/rules.go",'seg(&b, e.GetKey(), strings.ReplaceAll(e.GetValue(), ".", "_"))',"seg(&b, e.GetKey(), e.GetValue())","./cmd/ratelimitd","TestIncumbentRecorded"),
+    ("145 an IPv4-looking run keeps its dots in a stat name","internal/compatstats/rules.go",'if strings.Count(path, ".") < 3 || !ipv4Run.MatchString(path) {','if true {',"./cmd/ratelimitd","TestIncumbentRecorded"),
     ("146 a refused usage charge's hits taken off the count before it","internal/service/decide.go","				if !over && !cs.read {","				if (!over || ch.Usage) && !cs.read {","./cmd/ratelimitd","TestIncumbentRecorded"),
     ("147 RLQS demand summed at every report, never replaced","internal/rlqs/counters.go","c.rateSum += b.rate - b.contrib","c.rateSum += b.rate","./internal/rlqs","TestShareSteady"),
     ("148 RLQS sliding-window grant sized as a token bucket's","internal/rlqs/sizing.go","windowed := b.plan.Check.Algorithm != limit.TokenBucket","windowed := b.plan.Check.Algorithm == limit.FixedWindow","./internal/rlqs","TestGrantTTLByAlgorithm"),
@@ -236,6 +236,7 @@ muts = [
     ("201 --statsd-tags not parsed at Set","cmd/ratelimitd/flags.go","\tm, err := envcompat.ParsePairs(s)\n\tif err != nil {\n\t\treturn err\n\t}\n","\tm, _ := envcompat.ParsePairs(s)\n","./cmd/ratelimitd","TestFlagBounds"),
     ("134 RLQS token bucket holds more than its grant","internal/rlqs/sizing.go","ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens)","ss.assign(b, tokens(r.Hits+2, ttl), ttl, sentTokens)","./internal/rlqs","TestFleetBound$|TestFleetOverInstances"),
     ("74 the Prometheus sink gets no counters","internal/compatstats/compatstats.go","\t\t\tf.s.events <- batch // the exporter takes it at once","\t\t\t_ = batch","./cmd/ratelimitd","TestIncumbentStats"),
+    ("219 a detailed_metric value loses every dot, not only an address's","internal/compatstats/rules.go","\t\tcase r.DetailedMetric:\n\t\t\tseg(&b, e.GetKey(), e.GetValue())","\t\tcase r.DetailedMetric:\n\t\t\tseg(&b, e.GetKey(), strings.ReplaceAll(e.GetValue(), \".\", \"_\"))","./internal/compatstats","TestPaths"),
 ]
 only = sys.argv[1:]
 missed = 0

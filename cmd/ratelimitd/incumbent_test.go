@@ -48,6 +48,8 @@ var incumbentTraffic = func() []incumbentCall {
 		{entries: e("sh", "1"), n: 3}, {entries: e("un", "1"), n: 3}, {entries: e("ro", "1"), n: 2}, {entries: e("rep", "1"), n: 2},
 		{entries: e("nomatch", "1"), n: 2}, {entries: e("cidr", "192.168.0.0/16", "ip", "192.168.0.10"), n: 4}, {entries: e("host", "api.example.com"), n: 4},
 		{entries: e("odd", "a:b|c"), n: 4},
+		{entries: e("masked_remote_address", "10.0.0.0/8", "remote_address", "10.1.2.3"), n: 4},
+		{entries: e("masked_remote_address", "172.16.0.0/12"), n: 4}, {entries: e("ver", "v1.2.3"), n: 4}, {entries: e("gw", "edge-10.1.2.3.example"), n: 4},
 	}
 	for i := range calls {
 		var parts []string

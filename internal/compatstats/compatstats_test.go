@@ -69,11 +69,13 @@ descriptors:
 		{entries("v2m", "a", "sub", "xyz"), "d.v2m_a.sub_xyz"},
 		{entries("shared", "s123"), "d.shared_s*"},
 		{entries("det", "u", "leaf", "l1"), "d.det_u.leaf_l1"},
-		// As the incumbent's recorded output has them: a detailed
-		// value's dots become '_' (every level), a value_to_metric
-		// value keeps them.
+		// As the incumbent's recorded output has them: the dots of an
+		// IPv4-looking run become '_' (every level, every shape), other
+		// dots stay, in a detailed value as in a value_to_metric one.
 		{entries("det", "10.0.0.0/8", "leaf", "10.1.2.3"), "d.det_10_0_0_0/8.leaf_10_1_2_3"},
+		{entries("det", "api.example.com", "leaf", "v1.2.3"), "d.det_api.example.com.leaf_v1.2.3"},
 		{entries("v2m", "api.example.com", "sub", "x.y"), "d.v2m_api.example.com.sub_x.y"},
+		{entries("v2m", "edge-10.1.2.3.example", "sub", "x1234.5.6.7.8"), "d.v2m_edge-10_1_2_3.example.sub_x1234_5_6_7.8"},
 	} {
 		r := dom.Match(c.ents)
 		if r == nil {
@@ -83,6 +85,7 @@ descriptors:
 		if dynamic(r) {
 			got = pathOf("d", r, c.ents)
 		}
+		got = Sanitize(got)
 		if got != c.want {
 			t.Errorf("%v: path %q, want %q", c.ents, got, c.want)
 		}

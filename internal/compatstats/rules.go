@@ -2,6 +2,7 @@ package compatstats
 
 import (
 	"math"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -100,9 +101,10 @@ func dynamic(r *config.Rule) bool {
 }
 
 // pathOf builds the incumbent's key path: with detailed_metric every level
-// is key_<request value, its dots as '_'>; with value_to_metric a key-only or wildcard
+// is key_<request value>; with value_to_metric a key-only or wildcard
 // level takes the request's value; share_threshold keeps the pattern; an
-// override is the request's own entries.
+// override is the request's own entries. Dots of IPv4-looking runs become
+// '_' later, in Sanitize, as for every name.
 func pathOf(domain string, r *config.Rule, ents []*rlcommon.RateLimitDescriptor_Entry) string {
 	var b strings.Builder
 	b.WriteString(domain)
@@ -121,10 +123,7 @@ func pathOf(domain string, r *config.Rule, ents []*rlcommon.RateLimitDescriptor_
 		case l.ShareThreshold:
 			seg(&b, l.Key, l.Value)
 		case r.DetailedMetric:
-			// The incumbent writes '_' for '.' in a detailed_metric
-			// value (an IP address keeps one statsd level), not in a
-			// value_to_metric one.
-			seg(&b, e.GetKey(), strings.ReplaceAll(e.GetValue(), ".", "_"))
+			seg(&b, e.GetKey(), e.GetValue())
 		case l.ValueToMetric && (l.Value == "" || l.IsWildcard()):
 			seg(&b, e.GetKey(), e.GetValue())
 		default:
@@ -143,20 +142,32 @@ func seg(b *strings.Builder, key, value string) {
 	}
 }
 
-// Sanitize makes a key path safe in a statsd line: ':' and '|' (the
-// line's separators, which the incumbent replaces too) and control
-// characters (which would start a new line) become '_'.
+// Sanitize makes a key path what the incumbent names it: ':' and '|' (the
+// statsd line's separators, which the incumbent replaces too) and control
+// characters (which would start a new line) become '_', and so do the
+// dots of every IPv4-looking run (four groups of 1-3 digits), wherever it
+// is in the path and whatever the rule's shape, so that an address or a
+// CIDR stays one statsd level and one Prometheus label
+// (masked_remote_address_10_0_0_0/8, gw_edge-10_1_2_3.example) while
+// v1.2.3 or api.example.com keep theirs, as the recording has them.
 func Sanitize(path string) string {
-	if !strings.ContainsFunc(path, unsafeRune) {
+	if strings.ContainsFunc(path, unsafeRune) {
+		path = strings.Map(func(r rune) rune {
+			if unsafeRune(r) {
+				return '_'
+			}
+			return r
+		}, path)
+	}
+	if strings.Count(path, ".") < 3 || !ipv4Run.MatchString(path) {
 		return path
 	}
-	return strings.Map(func(r rune) rune {
-		if unsafeRune(r) {
-			return '_'
-		}
-		return r
-	}, path)
+	return ipv4Run.ReplaceAllStringFunc(path, func(ip string) string { return strings.ReplaceAll(ip, ".", "_") })
 }
+
+// ipv4Run is what the incumbent takes for an address in a stat name:
+// unanchored, so 1234.5.6.7 loses its dots from the 2 on.
+var ipv4Run = regexp.MustCompile(`[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}`)
 
 func unsafeRune(r rune) bool { return r == ':' || r == '|' || r < ' ' || r == 0x7f }
 
