@@ -190,6 +190,15 @@ func budgetFlags(fs *flag.FlagSet, b *budgetOptions, budget *bool) {
 	fs.DurationVar(&b.minDur, "stream-min", 20*time.Millisecond, "-budget: shortest stream")
 	fs.DurationVar(&b.maxDur, "stream-max", 200*time.Millisecond, "-budget: longest stream")
 	fs.DurationVar(&b.retry, "retry", 50*time.Millisecond, "-budget: wait after a refused check before the next")
+	fs.Float64Var(&b.failRate, "fail-rate", 0, "-budget: share of streams that fail and never charge")
+	fs.StringVar(&b.failShape, "fail-shape", "none", "-budget: a failed stream sends no stream-end call (none) or one of 0 hits (zero)")
+	fs.BoolVar(&b.kinds, "kinds", false, "-budget: AI Gateway's five token kinds, a budget each (kind_* of deploy/bench/rules.yaml; kind_total is -budget-limit), charged in one stream-end call")
+	fs.Float64Var(&b.zeroRate, "zero-rate", 0.9, "-kinds: share of streams whose cached kind is charged 0")
+	fs.BoolVar(&b.quota, "quota", false, "-budget: QuotaPolicy's shape: the request-phase check states no hits")
+	fs.IntVar(&b.requests, "requests", 0, "-budget: requests each stream sends, then stops (0: until -duration)")
+	fs.IntVar(&b.flood, "flood", 0, "-budget: uncharged checks (hits 0) one more sharer sends from -flood-at, 8 at a time")
+	fs.DurationVar(&b.floodAt, "flood-at", 2*time.Second, "-budget: when the flood starts")
+	fs.StringVar(&b.sequence, "sequence", "", "-budget: a scripted sequence on -budget-limit instead of streams: uncharged (check, charge a quarter, three uncharged checks, then how long until a check is admitted), large (check, charge 60 %, check)")
 }
 
 // measure warms up, then loads for -duration between two samples of the

@@ -89,10 +89,14 @@ func TestHotReloadBombs(t *testing.T) {
 	}
 	in := start(t, env(nil), "--config", dir)
 	client := rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr))
+	asks := 0
 	ask := func(key string) rlsv3.RateLimitResponse_Code {
 		t.Helper()
-		d := desc(key, "v")
-		d.HitsAddend = wrapperspb.UInt64(0) // a peek: as many asks as needed
+		// A peek (hits 0) on a value of its own: as many asks as needed.
+		// (On one value, peeks are budget checks: a few at a time.)
+		asks++
+		d := desc(key, "v"+strconv.Itoa(asks))
+		d.HitsAddend = wrapperspb.UInt64(0)
 		resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "e2e",
 			Descriptors: []*rlcommon.RateLimitDescriptor{d}})
 		if err != nil {

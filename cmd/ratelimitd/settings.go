@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -232,7 +233,7 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 	if err := applyEnv(fs, getenv); err != nil {
 		return nil, err
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(joinEnumValues(fs, args)); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
@@ -245,6 +246,33 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 	}
 	s.finish()
 	return s, s.validate()
+}
+
+// enumValues are the values a flag that may stand bare (a bool-style
+// flag, such as --response-headers) takes after a space too.
+var enumValues = map[string][]string{"response-headers": {"legacy", "draft11", "off", "true", "false"}}
+
+// joinEnumValues rewrites "--flag value" as "--flag=value" for a flag that
+// may stand bare, when value is one of its values: the flag package would
+// take the bare flag and leave value as an argument.
+func joinEnumValues(fs *flag.FlagSet, args []string) []string {
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return append(out, args[i:]...)
+		}
+		name := strings.TrimLeft(a, "-")
+		vals, ok := enumValues[name]
+		if ok && strings.HasPrefix(a, "-") && len(a)-len(name) <= 2 && fs.Lookup(name) != nil && i+1 < len(args) &&
+			slices.Contains(vals, strings.ToLower(args[i+1])) {
+			out = append(out, a+"="+args[i+1])
+			i++
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
 }
 
 // applyEnvCompat sets the flags another limiter's variables stand for.

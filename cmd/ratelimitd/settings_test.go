@@ -52,3 +52,34 @@ func TestFlagBounds(t *testing.T) {
 		t.Errorf("parsed once into the options: margin %v, tags %v, ratios %v %v", s.rlqs.Margin, s.stats.opts.Tags, s.stats.opts.NearLimitRatio, s.svc.NearLimitRatio)
 	}
 }
+
+// TestEnumFlagAfterSpace: a flag that may stand bare takes its value
+// after a space too (--response-headers draft11), and stays bare before
+// another flag; a value that is not one of its own is an argument still.
+func TestEnumFlagAfterSpace(t *testing.T) {
+	none := func(string) string { return "" }
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--response-headers", "draft11"}, "draft11"},
+		{[]string{"-response-headers", "legacy"}, "legacy"},
+		{[]string{"--response-headers", "OFF"}, "off"},
+		{[]string{"--response-headers", "--shadow-mode"}, "legacy"},
+		{[]string{"--response-headers=draft11"}, "draft11"},
+		{[]string{"--shadow-mode", "--response-headers"}, "legacy"},
+	} {
+		s, err := parseSettings(append([]string{"--config", "rules.yaml"}, tt.args...), none, io.Discard)
+		if err != nil {
+			t.Errorf("%v: %v", tt.args, err)
+			continue
+		}
+		if got := s.responseHeaders.String(); got != tt.want {
+			t.Errorf("%v: %s, want %s", tt.args, got, tt.want)
+		}
+	}
+	if _, err := parseSettings([]string{"--config", "rules.yaml", "--response-headers", "sideways"}, none, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), `unexpected argument "sideways"`) {
+		t.Errorf("a value not its own: %v, want it left an argument", err)
+	}
+}

@@ -39,6 +39,7 @@ func TestEnvoyproxy(t *testing.T) {
 			[]string{"xds-server=localhost:18000", "xds-node-id=n1"}},
 		{"listen addresses", map[string]string{"DISABLE_STATS": "true", "PORT": "8080", "GRPC_HOST": "0.0.0.0", "GRPC_PORT": "8081"},
 			[]string{"http-addr=:8080", "grpc-addr=0.0.0.0:8081"}},
+		{"REDIS_TIMEOUT honoured", map[string]string{"DISABLE_STATS": "true", "REDIS_TIMEOUT": "10s"}, []string{"redis-timeout=10s"}},
 	} {
 		res, err := Envoyproxy(env(tt.env))
 		if err != nil {

@@ -2,7 +2,6 @@ package limit
 
 import (
 	"fmt"
-	"slices"
 	"time"
 )
 
@@ -51,16 +50,20 @@ type Check struct {
 	// from the counter (see internal/lease); a store without leases
 	// decides it as any other.
 	Lease bool
-	// Usage marks a usage charge (rejected_hits: usage, hits stated by
-	// the caller): its hits are recorded even when they cross the limit
-	// or the request is refused, so usage that arrives after the fact is
-	// never lost. With zero Hits it is a budget check instead: over when
-	// nothing is left, and on a fixed window also when the checks
-	// admitted and not yet charged (in flight) would, at the counter's
-	// usage per check, spend what is left.
+	// Usage marks a call on a rule that takes usage after the fact
+	// (rejected_hits: usage); Kind says which call it is. A charge's hits
+	// are recorded even when they cross the limit or the request is
+	// refused, so usage that arrives after the fact is never lost. A
+	// budget check is over when nothing is left, and on a fixed window
+	// also when the checks admitted and not yet charged (in flight)
+	// would, at the counter's usage per check, spend what is left.
 	Usage bool
-	// FlightS is how long, in whole seconds, an admitted budget check
-	// counts as in flight while its charge has not come.
+	// Kind refines a usage call; the zero value decides by the hits.
+	Kind UsageKind
+	// FlightS is the longest an admitted budget check counts as in
+	// flight while its charge has not come, in whole seconds
+	// (--usage-timeout): the ceiling of the horizon learned from how long
+	// streams last (see [State.DurMS]).
 	FlightS int64
 	// Calendar makes a fixed window a calendar period: the UTC month or
 	// year holding now. WindowUS is then the longest such period
@@ -84,8 +87,33 @@ const (
 	CalendarYearUS  = 366 * 24 * 3600 * 1_000_000
 )
 
-// Charge reports a usage charge: hits recorded whatever the decision.
-func (c *Check) Charge() bool { return c.Usage && c.Hits > 0 && !c.Refund }
+// UsageKind is which call a usage call is. Its numbers travel to the
+// Lua script; keep them.
+type UsageKind uint8
+
+// The kinds of usage call.
+const (
+	// ByHits: zero hits make a budget check, hits a charge (a
+	// stream-end call that states its usage).
+	ByHits UsageKind = 0
+	// ZeroCharge is a stream end that charged nothing (a token kind the
+	// stream did not use): it ends a flight and tells the usage per check
+	// that a stream spent 0.
+	ZeroCharge UsageKind = 1
+	// CostCheck is a budget check that also consumes its hits, all or
+	// nothing: a request-phase call stating a small cost.
+	CostCheck UsageKind = 2
+	// QuietCost is a request that states no hits on a usage rule: a
+	// CostCheck where the counter already carries a budget's state (it
+	// has seen charges or holds flights), a plain request elsewhere.
+	QuietCost UsageKind = 3
+)
+
+// Charge reports a usage charge: hits recorded whatever the decision,
+// ending a flight.
+func (c *Check) Charge() bool {
+	return c.Usage && !c.Refund && (c.Kind == ZeroCharge || c.Kind == ByHits && c.Hits > 0)
+}
 
 // Window returns the start and end (µs) of the fixed window holding
 // nowUS: aligned to multiples of WindowUS, or the calendar period.
@@ -175,16 +203,21 @@ type State struct {
 	Avg uint64
 	// Charges counts the charges in Avg, up to AvgCharges.
 	Charges uint64
+	// DurMS is how long a fixed window's streams last, learned from the
+	// ages at which charges end flights (ms, 0 while unknown): a maximum
+	// that decays by 1/32 a sample. Flights expire at twice it (see
+	// [FlightMS]). It serves the next window as Avg does.
+	DurMS int64
 	// Flights are a fixed window's budget checks admitted and not yet
-	// charged, oldest first, in buckets by expiry.
+	// charged, oldest first, in buckets by admission time.
 	Flights []Flight
 }
 
-// Flight is a bucket of in-flight budget checks: N of them, counted until
-// Exp (Unix seconds).
+// Flight is a bucket of in-flight budget checks: N of them, admitted
+// from FirstMS to LastMS (Unix ms).
 type Flight struct {
-	Exp int64
-	N   uint64
+	FirstMS, LastMS int64
+	N               uint64
 }
 
 // InFlight returns the number of in-flight budget checks of st.
@@ -222,19 +255,6 @@ const MaxSlidingCount = 1 << 33
 // time past now (about 35 years): beyond, the bucket is empty for good.
 const maxDebtUS = 1 << 50
 
-// flightBuckets is how many expiry buckets the in-flight checks of one
-// counter are kept in, at most (plus one): the expiry is rounded up to
-// FlightS/flightBuckets, so the stored state stays small.
-const flightBuckets = 16
-
-// flightExp returns the expiry bucket (Unix seconds) of a budget check
-// admitted at nowUS.
-func flightExp(nowUS, flightS int64) int64 {
-	g := max((flightS+flightBuckets-1)/flightBuckets, 1)
-	e := nowUS/1_000_000 + flightS
-	return (e + g - 1) / g * g
-}
-
 // WindowEnd returns the end of the fixed window holding nowUS.
 func WindowEnd(nowUS, windowUS int64) int64 {
 	return nowUS - nowUS%windowUS + windowUS
@@ -271,8 +291,14 @@ func Decide(checks []Check, states []State, found []bool, nowUS int64, results [
 		// A usage charge is recorded whatever the decision; a budget
 		// check admitted goes in flight.
 		consume := admitted && !results[i].Over && !c.Refund || c.Charge()
+		held := results[i].Over && heldByFlights(c, &states[i])
 		apply(c, &states[i], nowUS, consume)
 		results[i].Remaining, results[i].ResetUS, expire[i] = report(c, &states[i], nowUS)
+		if held {
+			// Refused for its flights, not a spent budget: the real
+			// remainder stands, and the retry is when a flight ends.
+			results[i].ResetUS = retryUS(c, &states[i], nowUS)
+		}
 	}
 	return admitted
 }
@@ -297,24 +323,13 @@ func normalize(c *Check, st State, now int64) State {
 		if st.End != end {
 			// The usage per check serves the window after its own, no
 			// later: the state decides that, not a key's TTL.
-			avg, k := st.Avg, st.Charges
+			avg, k, dur := st.Avg, st.Charges, st.DurMS
 			if st.End != start {
-				avg, k = 0, 0
+				avg, k, dur = 0, 0, 0
 			}
-			st = State{End: end, Avg: avg, Charges: k, Flights: st.Flights}
+			st = State{End: end, Avg: avg, Charges: k, DurMS: dur, Flights: st.Flights}
 		}
-		// Expired flights go; the slice may be shared with a stored
-		// state, so it is never written in place.
-		k := 0
-		for k < len(st.Flights) && st.Flights[k].Exp*1_000_000 <= now {
-			k++
-		}
-		if k > 0 {
-			st.Flights = st.Flights[k:]
-		}
-		if len(st.Flights) == 0 {
-			st.Flights = nil
-		}
+		expireFlights(c, &st, now)
 	}
 	return st
 }
@@ -322,18 +337,19 @@ func normalize(c *Check, st State, now int64) State {
 // over reports whether hits more would exceed the limit; for a budget
 // check (Usage, no hits), whether nothing is left for it.
 func over(c *Check, st *State, now int64, hits uint64) bool {
-	if c.Usage && hits == 0 {
+	if c.Algorithm == FixedWindow && c.Usage && !c.Refund {
+		switch role(c, st) {
+		case budgetCheck:
+			return budgetOver(c, st, hits)
+		case budgetCharge:
+			return st.Count+hits > c.Limit
+		}
+	} else if c.Usage && hits == 0 && c.Kind == ByHits {
 		switch c.Algorithm {
 		case SlidingWindow:
 			return estimate(c, st, now) >= c.Limit
 		case TokenBucket:
 			return c.Limit == 0 || capacity(c, interval(c))-(st.TAT-now) < interval(c)
-		default:
-			// Every check in flight and this one, each at the usage per
-			// check seen so far, must fit in what is left. In floats:
-			// past 2^53 it is over by far anyway.
-			return st.Count >= c.Limit ||
-				float64(st.Count)+float64(st.InFlight()+1)*float64(st.Avg)/AvgScale > float64(c.Limit)
 		}
 	}
 	switch c.Algorithm {
@@ -383,7 +399,12 @@ func apply(c *Check, st *State, now int64, consume bool) {
 			st.Count = min(st.Count+hits, maxCount(c.Algorithm))
 		}
 		if c.Usage && consume && c.Algorithm == FixedWindow {
-			fly(c, st, now, hits)
+			switch role(c, st) {
+			case budgetCheck:
+				fly(c, st, now)
+			case budgetCharge:
+				land(c, st, now, hits)
+			}
 		}
 	}
 }
@@ -393,42 +414,6 @@ func maxCount(a Algorithm) uint64 {
 		return MaxSlidingCount
 	}
 	return MaxCount
-}
-
-// fly keeps a fixed window's in-flight budget checks: an admitted check
-// (no hits) joins them; a charge ends the oldest and moves the usage per
-// check toward its hits.
-func fly(c *Check, st *State, now int64, hits uint64) {
-	if hits == 0 {
-		exp := flightExp(now, c.FlightS)
-		n := len(st.Flights)
-		fl := make([]Flight, n, n+1)
-		copy(fl, st.Flights)
-		if n > 0 && fl[n-1].Exp >= exp {
-			fl[n-1].N++
-		} else {
-			fl = append(fl, Flight{Exp: exp, N: 1})
-		}
-		st.Flights = fl
-		return
-	}
-	if len(st.Flights) == 0 {
-		return
-	}
-	if st.Flights[0].N > 1 {
-		fl := slices.Clone(st.Flights)
-		fl[0].N--
-		st.Flights = fl
-	} else if st.Flights = st.Flights[1:]; len(st.Flights) == 0 {
-		st.Flights = nil
-	}
-	st.Charges = min(st.Charges+1, AvgCharges)
-	h := hits * AvgScale
-	if h >= st.Avg {
-		st.Avg += (h - st.Avg) / st.Charges
-	} else {
-		st.Avg -= (st.Avg - h) / st.Charges
-	}
 }
 
 // report returns the remaining hits, the reset and the expiry of a state.
@@ -464,11 +449,11 @@ func report(c *Check, st *State, now int64) (remaining uint64, resetUS, expireAt
 		if st.Count < c.Limit {
 			remaining = c.Limit - st.Count
 		}
+		// Flights never stretch the key past its window: a check in
+		// flight at the window's end is kept only where the usage per
+		// check is (below).
 		if st.Count > 0 || len(st.Flights) > 0 {
 			expireAt = st.End + GraceUS
-		}
-		if n := len(st.Flights); n > 0 {
-			expireAt = max(expireAt, st.Flights[n-1].Exp*1_000_000+GraceUS)
 		}
 		if st.Charges > 0 {
 			// The usage per check serves the next window's first checks.

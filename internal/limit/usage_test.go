@@ -1,6 +1,9 @@
 package limit
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 // TestUsageCharged is the token budget's sequence: a charge that crosses
 // the limit is recorded, and every later budget check is over until the
@@ -45,72 +48,302 @@ func TestUsageCharged(t *testing.T) {
 	step(0, false, 1000)
 }
 
-// TestBudgetChecksInFlight: a budget check is admitted only while the
-// checks in flight, at the usage per check seen, fit in what is left; a
-// charge ends one; unanswered ones expire after FlightS.
+// budget is one counter's sequence of usage calls at a scripted clock
+// (µs), for the tests below.
+type budget struct {
+	t     *testing.T
+	c     Check
+	st    []State
+	found []bool
+	now   int64
+}
+
+func newBudget(t *testing.T, limit uint64) *budget {
+	return &budget{t: t, c: Check{Key: "k", Limit: limit, WindowUS: 3600e6, Usage: true, FlightS: 300},
+		st: []State{{}}, found: []bool{false}, now: 5e6}
+}
+
+func (b *budget) call(kind UsageKind, hits uint64) Result {
+	b.t.Helper()
+	c := []Check{b.c}
+	c[0].Kind, c[0].Hits = kind, hits
+	res, _ := decide(b.t, c, b.st, b.found, b.now)
+	return res[0]
+}
+
+// stream is one stream that charges: an admitted check, ms later a charge.
+func (b *budget) stream(ms int64, hits uint64) {
+	b.t.Helper()
+	b.mustAdmit("check")
+	b.ms(ms)
+	b.charge(hits)
+}
+
+func (b *budget) check() Result          { b.t.Helper(); return b.call(ByHits, 0) }
+func (b *budget) charge(h uint64) Result { b.t.Helper(); return b.call(ByHits, h) }
+func (b *budget) ms(d int64)             { b.now += d * 1000 }
+func (b *budget) state() *State          { return &b.st[0] }
+func (b *budget) horizonMS() int64       { return FlightMS(&b.c, b.state()) }
+func (b *budget) mustAdmit(what string)  { b.t.Helper(); b.want(what, false) }
+func (b *budget) mustRefuse(what string) { b.t.Helper(); b.want(what, true) }
+func (b *budget) want(what string, over bool) {
+	b.t.Helper()
+	if r := b.check(); r.Over != over {
+		b.t.Fatalf("%s: over %v, want %v (state %+v)", what, r.Over, over, *b.state())
+	}
+}
+
+// TestBudgetChecksInFlight: a budget check is admitted while the checks
+// in flight, at the usage per check seen, leave something of the budget;
+// a charge ends one; an uncharged one expires.
 func TestBudgetChecksInFlight(t *testing.T) {
-	const hour = 3600e6
-	st, found := []State{{}}, []bool{false}
-	now := int64(5e6)
-	call := func(hits uint64) Result {
-		t.Helper()
-		c := []Check{{Key: "k", Limit: 10_000, WindowUS: hour, Hits: hits, Usage: true, FlightS: 60}}
-		res, _ := decide(t, c, st, found, now)
-		return res[0]
-	}
-	// No usage seen yet: checks are admitted while anything is left.
+	b := newBudget(t, 10_000)
 	for range 3 {
-		if r := call(0); r.Over {
-			t.Fatal("first checks refused")
-		}
+		b.mustAdmit("first checks")
+		b.ms(10)
+		b.charge(1000)
 	}
-	for range 3 {
-		call(1000)
+	if st := b.state(); st.Avg != 1000*AvgScale || st.Charges != 3 || st.InFlight() != 0 || st.Count != 3000 {
+		t.Fatalf("state %+v, want avg 1000 of 3 charges, none in flight, count 3000", *st)
 	}
-	if st[0].Avg != 1000*AvgScale || st[0].Charges != 3 || st[0].InFlight() != 0 || st[0].Count != 3000 {
-		t.Fatalf("state %+v, want avg 1000 of 3 charges, none in flight, count 3000", st[0])
-	}
-	// 7000 left: seven checks of 1000 fit, the eighth does not.
+	// 7000 left: checks are admitted while 3000 + n x 1000 < 10,000, so
+	// the eighth (seven in flight) is refused.
 	for i := range 7 {
-		if r := call(0); r.Over {
-			t.Fatalf("check %d refused with %d in flight", i+1, st[0].InFlight())
-		}
+		b.mustAdmit(fmt.Sprintf("check %d", i+1))
 	}
-	if r := call(0); !r.Over || r.Remaining != 7000 {
+	r := b.check()
+	if !r.Over || r.Remaining != 7000 {
 		t.Fatalf("eighth check: %+v, want over with 7000 remaining (the count, not the flights)", r)
+	}
+	// Its retry is when the oldest flight expires, not the hour's end.
+	if want := (b.horizonMS()+1)*1000 + (b.now/1000)*1000 - b.now; r.ResetUS > want || r.ResetUS <= 0 {
+		t.Fatalf("reset %d us, want when the oldest flight expires (%d us)", r.ResetUS, want)
 	}
 	// A charge smaller than the average frees room for one more: the
 	// mean of the four charges is 850.
-	call(400)
-	if st[0].InFlight() != 6 || st[0].Avg != 850*AvgScale {
-		t.Fatalf("after a charge: %d in flight, avg %d; want 6 and 850", st[0].InFlight(), st[0].Avg/AvgScale)
+	b.charge(400)
+	if st := b.state(); st.InFlight() != 6 || st.Avg != 850*AvgScale {
+		t.Fatalf("after a charge: %d in flight, avg %d; want 6 and 850", st.InFlight(), st.Avg/AvgScale)
 	}
-	if r := call(0); r.Over {
-		t.Fatal("check refused after a charge freed room")
+	b.mustAdmit("check after a charge freed room")
+	// Checks whose charge never comes expire after the horizon: twice
+	// the streams' duration, at least MinFlightMS.
+	if h := b.horizonMS(); h != MinFlightMS {
+		t.Fatalf("horizon %d ms, want %d (streams of 10 ms)", h, MinFlightMS)
 	}
-	// Charges that never come expire: after FlightS nothing is in flight.
-	now += (60 + (60+flightBuckets-1)/flightBuckets + 1) * 1e6 // FlightS and one expiry bucket
-	if r := call(0); r.Over || st[0].InFlight() != 1 {
-		t.Fatalf("after expiry: %+v, %d in flight; want admitted, 1 in flight", r, st[0].InFlight())
+	b.ms(MinFlightMS)
+	if b.check(); b.state().InFlight() != 8 {
+		t.Fatalf("%d in flight at the horizon, want all 7 kept and this one", b.state().InFlight())
+	}
+	b.ms(1)
+	if r := b.check(); r.Over || b.state().InFlight() != 2 {
+		t.Fatalf("after the horizon: %+v, %d in flight; want admitted, 2 (the last one and this)", r, b.state().InFlight())
 	}
 	// The average serves the next window, not the one after.
-	now = hour + 1
-	call(0)
-	if st[0].Avg != 850*AvgScale || st[0].Charges != 4 {
-		t.Fatalf("next window: avg %d of %d, want 850 of 4 kept", st[0].Avg/AvgScale, st[0].Charges)
+	b.now = 3600e6 + 1
+	b.check()
+	if st := b.state(); st.Avg != 850*AvgScale || st.Charges != 4 || st.DurMS == 0 {
+		t.Fatalf("next window: avg %d of %d, duration %d; want 850 of 4 and the duration kept", st.Avg/AvgScale, st.Charges, st.DurMS)
 	}
-	now = 3*hour + 1
-	call(0)
-	if st[0].Avg != 0 || st[0].Charges != 0 {
-		t.Fatalf("two windows on: avg %d, want 0", st[0].Avg)
+	b.now = 3*3600e6 + 1
+	b.check()
+	if st := b.state(); st.Avg != 0 || st.Charges != 0 || st.DurMS != 0 {
+		t.Fatalf("two windows on: avg %d, duration %d, want 0", st.Avg, st.DurMS)
+	}
+}
+
+// TestUnchargedChecksReleased: a budget of 10,000, a check, a charge of
+// 2,500, then three checks whose charge never comes: they hold the rest
+// only until the horizon, never the window.
+func TestUnchargedChecksReleased(t *testing.T) {
+	b := newBudget(t, 10_000)
+	b.stream(200, 2500)
+	for range 3 {
+		b.mustAdmit("uncharged check")
+	}
+	r := b.check()
+	if !r.Over || r.Remaining != 7500 || r.ResetUS > 1e6 {
+		t.Fatalf("fourth check: %+v, want over, 7500 remaining, retry within a second", r)
+	}
+	if h := b.horizonMS(); h != 400 {
+		t.Fatalf("horizon %d ms, want 400: twice the 200 ms the stream lasted", h)
+	}
+	b.ms(401)
+	b.mustAdmit("check after the horizon")
+}
+
+// TestNoSelfLock: after one charge larger than what is left, the rest of
+// the budget stays usable.
+func TestNoSelfLock(t *testing.T) {
+	b := newBudget(t, 1_000_000)
+	b.stream(100, 600_000)
+	b.mustAdmit("check with 400,000 left after a charge of 600,000")
+	b.ms(100)
+	b.charge(300_000)
+	b.mustAdmit("check with 100,000 left")
+	b.ms(100)
+	b.charge(150_000)
+	if r := b.check(); !r.Over || r.Remaining != 0 {
+		t.Fatalf("spent budget: %+v, want over", r)
+	}
+}
+
+// TestColdStart: before any charge tells the usage per check, at most
+// ColdInFlight checks are in flight; an exactly spent budget, or a limit
+// of 0, admits none.
+func TestColdStart(t *testing.T) {
+	b := newBudget(t, 100_000)
+	for i := range ColdInFlight {
+		b.mustAdmit(fmt.Sprintf("cold check %d", i+1))
+	}
+	b.mustRefuse("a check past the cold quota")
+	b.ms(20)
+	b.charge(1000)
+	b.mustAdmit("check after the first charge")
+	b.ms(ColdFlightMS) // long past the learned horizon
+	for range 50 {
+		b.mustAdmit("checks at the learned usage")
+	}
+	for _, lim := range []uint64{0, 100} {
+		z := newBudget(t, lim)
+		if lim > 0 {
+			z.charge(lim)
+		}
+		z.mustRefuse(fmt.Sprintf("a check on a spent budget of %d", lim))
+	}
+}
+
+// TestZeroCharge: a stream end that charged nothing ends a flight and
+// pulls the usage per check toward 0, where a plain check would add one.
+func TestZeroCharge(t *testing.T) {
+	b := newBudget(t, 10_000)
+	b.stream(50, 1000)
+	b.mustAdmit("check")
+	b.ms(50)
+	b.call(ZeroCharge, 0)
+	if st := b.state(); st.InFlight() != 0 || st.Charges != 2 || st.Avg != 500*AvgScale || st.Count != 1000 {
+		t.Fatalf("after a zero charge: %+v, want none in flight, avg 500 of 2, count 1000", *st)
+	}
+	// With none in flight a zero charge still counts toward the usage.
+	b.call(ZeroCharge, 0)
+	if st := b.state(); st.Charges != 3 || st.Avg != 500*AvgScale-500*AvgScale/3 {
+		t.Fatalf("an unpaired zero charge: avg %d/1024 of %d, want 1000/3", st.Avg, st.Charges)
+	}
+}
+
+// TestCostChecks: a request-phase call stating a small cost, or stating
+// none on a counter that carries a budget's state, is a budget check that
+// consumes its cost and joins the flights; refused, it consumes nothing.
+func TestCostChecks(t *testing.T) {
+	b := newBudget(t, 15_000)
+	// No budget state yet: a quiet request is a plain one.
+	b.call(QuietCost, 1)
+	if st := b.state(); st.Count != 1 || st.InFlight() != 0 || st.Charges != 0 {
+		t.Fatalf("quiet request on a plain counter: %+v, want count 1, nothing else", *st)
+	}
+	b.ms(100)
+	b.charge(2999)
+	for i := range 2 {
+		if r := b.call(QuietCost, 1); r.Over {
+			t.Fatalf("quiet cost %d refused", i+1)
+		}
+		if r := b.call(CostCheck, 1); r.Over {
+			t.Fatalf("cost check %d refused", i+1)
+		}
+	}
+	if st := b.state(); st.Count != 3004 || st.InFlight() != 4 {
+		t.Fatalf("after four cost checks: %+v, want count 3004, 4 in flight", *st)
+	}
+	// 3004 + 4 x 2999 = 15,000: refused, and nothing consumed.
+	if r := b.call(CostCheck, 1); !r.Over || b.state().Count != 3004 || b.state().InFlight() != 4 {
+		t.Fatalf("cost check past the flights: %+v, state %+v; want over, nothing consumed", r, *b.state())
+	}
+	// A cost that does not fit is over whatever is in flight.
+	c := newBudget(t, 10)
+	if r := c.call(CostCheck, 11); !r.Over || c.state().Count != 0 {
+		t.Fatalf("cost past the limit: %+v", r)
+	}
+}
+
+// TestDurationLearned: the horizon follows how long streams last, from
+// the first charges, and later only where few checks are in flight; a
+// charge ends the flight nearest that duration.
+func TestDurationLearned(t *testing.T) {
+	b := newBudget(t, 1<<40)
+	b.c.FlightS = 60
+	if h := b.horizonMS(); h != ColdFlightMS {
+		t.Fatalf("cold horizon %d, want %d", h, ColdFlightMS)
+	}
+	b.stream(800, 10)
+	if st := b.state(); st.DurMS != 800 || b.horizonMS() != 1600 {
+		t.Fatalf("duration %d, horizon %d; want 800 and 1600", st.DurMS, b.horizonMS())
+	}
+	// A charge after its flight expired: streams grew longer than the
+	// horizon; the duration grows by a quarter.
+	b.mustAdmit("check")
+	b.ms(40_000)
+	b.charge(10)
+	if st := b.state(); st.DurMS != 1000 || st.InFlight() != 0 {
+		t.Fatalf("a charge after its flight expired: duration %d, %d in flight; want 1000, none", st.DurMS, st.InFlight())
+	}
+	b.state().DurMS = 5000
+	// Past the first charges, with three in flight, a charge learns
+	// nothing and ends the flight nearest the duration, not the oldest.
+	b.state().Charges = SampleCharges
+	b.mustAdmit("old")
+	b.ms(4000)
+	b.mustAdmit("mid")
+	b.ms(5000)
+	b.mustAdmit("young")
+	b.ms(10)
+	b.charge(10)
+	fl := b.state().Flights
+	if len(fl) != 2 || b.now/1000-fl[0].FirstMS != 9010 || b.now/1000-fl[1].FirstMS != 10 || b.state().DurMS != 5000 {
+		t.Fatalf("flights %+v at %d, duration %d: want the 5010 ms one ended (the nearest to 5000), 5000 kept", fl, b.now/1000, b.state().DurMS)
+	}
+	// Long streams: a later sample with at most two in flight raises it;
+	// the ceiling is FlightS.
+	b.state().Flights = nil
+	b.mustAdmit("long")
+	b.ms(9_000)
+	b.charge(10)
+	if b.state().DurMS != 9_000 {
+		t.Fatalf("duration %d, want 9000 learned at low occupancy", b.state().DurMS)
+	}
+	b.state().DurMS = 50_000
+	if b.horizonMS() != 60_000 {
+		t.Fatalf("horizon %d, want the 60 s ceiling", b.horizonMS())
+	}
+	// With many in flight, an old (uncharged) flight teaches nothing.
+	for range 5 {
+		b.mustAdmit("many")
+	}
+	b.ms(55_000)
+	b.mustAdmit("new")
+	b.ms(10)
+	b.charge(10)
+	if b.state().DurMS != 50_000 {
+		t.Fatalf("duration %d learned from a crowd, want 50000 kept", b.state().DurMS)
+	}
+}
+
+// TestFlightsKeepTheWindowTTL: checks in flight never keep a key past
+// its window (the usage per check keeps it through the next).
+func TestFlightsKeepTheWindowTTL(t *testing.T) {
+	c := []Check{{Key: "k", Limit: 100, WindowUS: 60e6, Usage: true, FlightS: 86400}}
+	st, found := []State{{}}, []bool{false}
+	res, exp := make([]Result, 1), make([]int64, 1)
+	Decide(c, st, found, 59e6, res, exp)
+	if exp[0] != 60e6+GraceUS {
+		t.Fatalf("expiry %d, want the window's end %d", exp[0], int64(60e6+GraceUS))
 	}
 }
 
 // TestUsageFlightsNotShared: a stored state's flights are never written
 // through, since a store may hand the same slice to two decisions.
 func TestUsageFlightsNotShared(t *testing.T) {
-	base := State{End: 60e6, Count: 1, Avg: 5 * AvgScale, Charges: 1, Flights: []Flight{{Exp: 100, N: 2}}}
-	base.Flights = append(base.Flights, Flight{Exp: 120, N: 1})[:1:2]
+	base := State{End: 60e6, Count: 1, Avg: 5 * AvgScale, Charges: 1, DurMS: 100, Flights: []Flight{{FirstMS: 900, LastMS: 990, N: 2}}}
+	base.Flights = append(base.Flights, Flight{FirstMS: 995, LastMS: 999, N: 1})[:1:2]
 	c := []Check{{Key: "k", Limit: 1000, WindowUS: 60e6, Usage: true, FlightS: 60}}
 	for _, hits := range []uint64{0, 10} {
 		st := []State{base}
@@ -129,15 +362,15 @@ func TestUsageMeanFollowsCharges(t *testing.T) {
 	st := State{End: 3600e6}
 	c := Check{Limit: 1 << 31, WindowUS: 3600e6, Usage: true, FlightS: 60}
 	for i := range 2 * AvgCharges {
-		fly(&c, &st, 1, 0)
-		fly(&c, &st, 1, uint64(1000+2000*(i%2)))
+		fly(&c, &st, 1)
+		land(&c, &st, 1, uint64(1000+2000*(i%2)))
 	}
 	if st.Charges != AvgCharges || st.Avg < 1990*AvgScale || st.Avg > 2010*AvgScale {
 		t.Fatalf("mean %v of %d charges, want 2000 of %d", float64(st.Avg)/AvgScale, st.Charges, AvgCharges)
 	}
 	for range 4 * AvgCharges {
-		fly(&c, &st, 1, 0)
-		fly(&c, &st, 1, 10)
+		fly(&c, &st, 1)
+		land(&c, &st, 1, 10)
 	}
 	if st.Avg > 50*AvgScale {
 		t.Fatalf("mean %v after usage fell to 10, want it followed", float64(st.Avg)/AvgScale)

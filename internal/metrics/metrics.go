@@ -70,7 +70,7 @@ func New(version string) *Metrics {
 		}, []string{"domain", "rule", "outcome"}),
 		Hits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_hits_total",
-			Help: "Hits (hits_addend: tokens, cost) of counted descriptors by domain, rule and result: charged (recorded on the counter), refused (not recorded: the call was refused) or lost (not recorded: the store could not decide, and the failure policy answered).",
+			Help: "Hits (hits_addend: tokens, cost) of counted descriptors by domain, rule and result: charged (recorded on the counter), refused (not recorded: the call was refused), lost (not recorded: the store refused or could not be reached, and the failure policy answered) or unknown (maybe recorded: the store call timed out, or the caller went away).",
 		}, []string{"domain", "rule", "result"}),
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_requests_total",

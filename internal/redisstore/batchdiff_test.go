@@ -61,7 +61,7 @@ func TestBatchMatchesMemstore(t *testing.T) {
 				case 1:
 					c.NoVeto = true
 				case 2:
-					c.Usage, c.FlightS = true, 1+rng.Int64N(5)
+					c.Usage, c.FlightS, c.Kind = true, 1+rng.Int64N(5), limit.UsageKind(rng.IntN(4))
 				}
 				reqs[r] = append(reqs[r], c)
 			}

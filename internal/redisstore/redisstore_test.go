@@ -179,12 +179,7 @@ func TestUnavailable(t *testing.T) {
 // counters, and hits up to what 64 descriptors of 2^32-1 on one counter
 // sum to. Every decision must be identical.
 func TestMatchesMemstore(t *testing.T) {
-	srv := redistest.Start(t)
-	var clock atomic.Int64
-	clock.Store(time.Now().UnixMicro())
-	now := func() time.Time { return time.UnixMicro(clock.Load()) }
-	rs := newStore(t, srv, now)
-	ms := memstore.New(memstore.Options{Now: now})
+	rs, ms, clock := twoStores(t)
 	rng := rand.New(rand.NewPCG(1, 2))
 	type rule struct {
 		algo     limit.Algorithm
@@ -198,7 +193,6 @@ func TestMatchesMemstore(t *testing.T) {
 		{limit.SlidingWindow, 1e6, 7, 0}, {limit.SlidingWindow, 10e6, 20, 0}, {limit.SlidingWindow, 3600e6, 3, 0},
 		{limit.TokenBucket, 1e6, 10, 0}, {limit.TokenBucket, 1e6, 3, 8}, {limit.TokenBucket, 60e6, 7, 2}, {limit.TokenBucket, 5e6, 0, 0},
 	}
-	ctx := context.Background()
 	const requests = 6000
 	counts := map[limit.Algorithm]int{}
 	usage := 0
@@ -243,21 +237,15 @@ func TestMatchesMemstore(t *testing.T) {
 				if rng.IntN(2) == 0 {
 					c.Hits = 0
 				}
+				// Every kind of usage call: by its hits, a zero charge, a
+				// cost check, a request stating no hits.
+				c.Kind = limit.UsageKind(rng.IntN(4))
 				usage++
 			}
 			checks = append(checks, c)
 			counts[ru.algo]++
 		}
-		got, err := rs.Evaluate(ctx, checks)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, _ := ms.Evaluate(ctx, checks)
-		for j := range want {
-			if got[j] != want[j] {
-				t.Fatalf("request %d check %d %+v at %d: redis %+v, memstore %+v", i, j, checks[j], clock.Load(), got[j], want[j])
-			}
-		}
+		mustMatch(t, rs, ms, checks, i, clock)
 	}
 	t.Logf("%d requests identical: %d fixed-window, %d sliding-window, %d token-bucket checks (%d of them usage)",
 		requests, counts[limit.FixedWindow], counts[limit.SlidingWindow], counts[limit.TokenBucket], usage)
@@ -432,4 +420,81 @@ func TestCalendarMatchesMemstore(t *testing.T) {
 			clock.Add(700_000)
 		}
 	}
+}
+
+// TestBudgetMatchesMemstore drives token budgets the way streams do —
+// checks, cost checks, charges, zero charges, requests stating no hits,
+// at millisecond gaps that let flights expire and durations be learned —
+// in Redis and in limit.Decide (memstore): every decision identical.
+func TestBudgetMatchesMemstore(t *testing.T) {
+	rs, ms, clock := twoStores(t)
+	rng := rand.New(rand.NewPCG(7, 8))
+	limits := []uint64{0, 3000, 20_000, 1_000_000}
+	held := 0
+	for i := range 4000 {
+		switch r := rng.IntN(50); {
+		case r == 0:
+			clock.Add(rng.Int64N(30e6)) // past any horizon, sometimes a window
+		case r < 30:
+			clock.Add(rng.Int64N(300e3))
+		}
+		n := 1 + rng.IntN(2)
+		checks := make([]limit.Check, 0, n)
+		seen := map[string]bool{}
+		for range n {
+			li := rng.IntN(len(limits))
+			key := fmt.Sprintf("u%d:%d", li, rng.IntN(2))
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			c := limit.Check{Key: key, Limit: limits[li], WindowUS: 60e6, Usage: true, FlightS: 1 + rng.Int64N(20),
+				Kind: limit.UsageKind(rng.IntN(4))}
+			switch c.Kind {
+			case limit.ByHits:
+				if rng.IntN(2) == 0 {
+					c.Hits = uint64(rng.IntN(3000))
+				}
+			case limit.CostCheck, limit.QuietCost:
+				c.Hits = uint64(1 + rng.IntN(3))
+			}
+			checks = append(checks, c)
+		}
+		for _, r := range mustMatch(t, rs, ms, checks, i, clock) {
+			if r.Over && r.Remaining > 0 {
+				held++
+			}
+		}
+	}
+	if held == 0 {
+		t.Fatal("no check was held for its flights: the test drives nothing of the bound")
+	}
+	t.Logf("%d refusals held by flights alone, identical", held)
+}
+
+// twoStores is a Redis store and memstore on one scripted clock.
+func twoStores(t *testing.T) (*redisstore.Store, *memstore.Store, *atomic.Int64) {
+	t.Helper()
+	srv := redistest.Start(t)
+	clock := new(atomic.Int64)
+	clock.Store(time.Now().UnixMicro())
+	now := func() time.Time { return time.UnixMicro(clock.Load()) }
+	return newStore(t, srv, now), memstore.New(memstore.Options{Now: now}), clock
+}
+
+// mustMatch has both stores decide request i and fails unless they agree.
+func mustMatch(t *testing.T, rs *redisstore.Store, ms *memstore.Store, checks []limit.Check, i int, clock *atomic.Int64) []limit.Result {
+	t.Helper()
+	ctx := context.Background()
+	got, err := rs.Evaluate(ctx, checks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := ms.Evaluate(ctx, checks)
+	for j := range want {
+		if got[j] != want[j] {
+			t.Fatalf("request %d check %d %+v at %d: redis %+v, memstore %+v", i, j, checks[j], clock.Load(), got[j], want[j])
+		}
+	}
+	return got
 }

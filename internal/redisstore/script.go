@@ -53,7 +53,7 @@ func (s *Store) runOn(ctx context.Context, c redis.Scripter, reqs [][]limit.Chec
 // scriptArgs lays requests out as the script's keys and arguments: the
 // requests' distinct rules go once each, and every key refers to its rule
 // in one number with its hits and flags (see scripts/decide.lua), which
-// leaves room for 2^16 rules per call; the dispatcher keeps a batch far
+// leaves room for 2^14 rules per call; the dispatcher keeps a batch far
 // below that (maxBatchKeys), and a single request beyond it is refused.
 func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	// ones: one key a request, the common batch: the script is told so
@@ -74,10 +74,7 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	for _, r := range reqs {
 		for _, c := range r {
 			keys = append(keys, c.Key)
-			ru := rule{c.Limit, c.WindowUS, c.Algorithm, c.Burst, 0, c.Calendar}
-			if c.Usage {
-				ru.flightS = c.FlightS
-			}
+			ru := rule{c.Limit, c.WindowUS, c.Algorithm, c.Burst, c.FlightS, c.Calendar}
 			q := -1
 			if index == nil {
 				q = slices.Index(rules, ru)
@@ -107,7 +104,7 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 				flags |= 2
 			}
 			if c.Usage {
-				flags |= 4
+				flags |= 4 | int(c.Kind)<<4
 			}
 			hits := c.SaturatedHits()
 			if hits >= bigHits {
@@ -117,7 +114,7 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 				big = append(big, hits)
 				hits, flags = uint64(len(big)), flags|8
 			}
-			perKey = append(perKey, hits<<20|uint64((q+1)*16+flags))
+			perKey = append(perKey, hits<<20|uint64((q+1)*64+flags))
 		}
 	}
 	args := make([]any, 0, 3+len(reqs)+4*len(rules)+len(perKey))
@@ -142,7 +139,7 @@ const bigHits = 1 << 32
 // maxRules bounds the distinct rules of one script call (see scriptArgs);
 // beyond scanRules, scriptArgs finds them through a map.
 const (
-	maxRules  = 1<<16 - 1
+	maxRules  = 1<<14 - 1
 	scanRules = 8
 )
 
@@ -170,7 +167,7 @@ type rule struct {
 	windowUS  int64
 	algorithm limit.Algorithm
 	burst     uint64
-	flightS   int64 // usage checks only: how long a budget check is in flight
+	flightS   int64 // the longest a budget check is in flight (limit.Check.FlightS)
 	calendar  limit.Calendar
 }
 

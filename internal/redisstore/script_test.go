@@ -34,6 +34,12 @@ func TestScriptArgsGolden(t *testing.T) {
 			// Hits past 2^32 go after the keys' values.
 			{Key: "h", Limit: limit.MaxLimit, WindowUS: 3600e6, Hits: 1 << 45, Usage: true, FlightS: 60},
 		},
+		{
+			// The usage kinds, packed above the flags.
+			{Key: "i", Limit: 1000, WindowUS: 3600e6, Hits: 0, Usage: true, Kind: limit.ZeroCharge, FlightS: 300},
+			{Key: "j", Limit: 1000, WindowUS: 3600e6, Hits: 1, Usage: true, Kind: limit.CostCheck, FlightS: 300},
+			{Key: "k", Limit: 1000, WindowUS: 3600e6, Hits: 1, Usage: true, Kind: limit.QuietCost, FlightS: 300},
+		},
 	})
 	// Every request of one key: no count per request, -R instead of R.
 	goldenArgs(t, "script_args_ones.golden", [][]limit.Check{

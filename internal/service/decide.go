@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"sync"
 	"time"
 
@@ -24,11 +25,12 @@ import (
 
 // checkState is what the service knows of one check besides the check.
 type checkState struct {
-	cached bool // answered from the over-limit cache
-	read   bool // sent without its hits: the cache had rejected the request
-	until  time.Time
-	res    limit.Result
-	failed bool // the store could not decide it
+	cached  bool // answered from the over-limit cache
+	read    bool // sent without its hits: the cache had rejected the request
+	until   time.Time
+	res     limit.Result
+	failed  bool // the store could not decide it
+	unknown bool // failed, but the store may have decided it (a timeout)
 }
 
 // ShouldRateLimit decides one request. Descriptors the rules do not limit
@@ -72,6 +74,8 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 	s.demand.note(checks)
 	if len(checks) > 0 {
 		if err := s.evaluate(ctx, checks, states); err != nil {
+			// The caller went away: its hits may have been recorded.
+			s.countHits(req.GetDomain(), items, func(*item) string { return HitsUnknown })
 			return nil, err
 		}
 	}
@@ -166,7 +170,7 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item, sc *scr
 		if c < 0 {
 			c = len(checks)
 			checks = append(checks, limit.Check{Key: key, Limit: it.rpu, WindowUS: it.windowUS, NoVeto: noVeto,
-				Algorithm: it.algo, Burst: it.burst, Lease: it.lease, Usage: it.usage, Calendar: it.calendar, FlightS: s.flightS})
+				Algorithm: it.algo, Burst: it.burst, Lease: it.lease, Usage: it.usage, Kind: it.ukind, Calendar: it.calendar, FlightS: s.flightS})
 			consume, refund = append(consume, 0), append(refund, 0)
 		} else {
 			checks[c].Limit = min(checks[c].Limit, it.rpu)
@@ -176,6 +180,11 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item, sc *scr
 			// request's other hits on it.
 			checks[c].Lease = checks[c].Lease && it.lease
 			checks[c].Usage = checks[c].Usage || it.usage
+			if checks[c].Kind != it.ukind {
+				// Two kinds of call on one counter: the summed hits
+				// decide, a charge when there are any.
+				checks[c].Kind = limit.ByHits
+			}
 		}
 		if it.refund {
 			refund[c] += it.hits
@@ -213,7 +222,7 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 	if s.cache != nil {
 		for c := range checks {
 			ch := &checks[c]
-			if ch.Refund || ch.NoVeto || (ch.Hits == 0) != ch.Usage {
+			if ch.Refund || ch.NoVeto || ch.Charge() || ch.Hits == 0 && !ch.Usage {
 				// Only a consuming, vetoing request or a budget check may
 				// be short-circuited: a usage charge always reaches the
 				// store, where it is recorded.
@@ -238,7 +247,7 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 			}
 			ch := checks[c]
 			if !ch.Refund && !ch.Charge() { // a charge is recorded when refused
-				ch.Hits, ch.Usage, states[c].read = 0, false, true
+				ch.Hits, ch.Usage, ch.Kind, states[c].read = 0, false, limit.ByHits, true
 			}
 			send = append(send, ch)
 			idx = append(idx, c)
@@ -255,9 +264,10 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 	if err != nil {
 		s.opts.Compat.RedisError()
 		s.logFailure(ctx, err, len(send))
+		unknown := mayHaveRun(err)
 		for c := range states {
 			if !states[c].cached {
-				states[c].failed = true
+				states[c].failed, states[c].unknown = true, unknown
 			}
 		}
 		return nil
@@ -427,6 +437,12 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 			}
 			if over {
 				outcome = OutcomeOverLimit
+				if !cs.read && heldByFlights(ch, cs.res) {
+					// Refused for the budget's streams in flight, not a
+					// spent budget: what is left is real, and the reset
+					// is when a flight ends.
+					st.LimitRemaining = uint32(min(cs.res.Remaining, math.MaxUint32))
+				}
 			} else {
 				st.LimitRemaining = uint32(min(cs.res.Remaining, math.MaxUint32))
 				if float64(cs.res.Remaining) <= (1-s.opts.NearLimitRatio)*float64(it.rpu) {
@@ -497,6 +513,8 @@ func storeAdmitted(checks []limit.Check, states []checkState) bool {
 // refused, or lost to a store that could not decide.
 func hitsResult(ch *limit.Check, cs *checkState, stored bool) string {
 	switch {
+	case cs.failed && cs.unknown:
+		return HitsUnknown
 	case cs.failed:
 		return HitsLost
 	case cs.cached || cs.read:
@@ -505,6 +523,37 @@ func hitsResult(ch *limit.Check, cs *checkState, stored bool) string {
 		return HitsCharged
 	}
 	return HitsRefused
+}
+
+// mayHaveRun reports whether a store error leaves the call's outcome
+// unknown: a timeout or a cancellation may come after Redis ran it; a
+// refusal (no time left to send, a breaker open, a connection refused, an
+// error reply) means it did not.
+func mayHaveRun(err error) bool {
+	if errors.Is(err, ErrNoTime) {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	var nerr net.Error
+	return errors.As(err, &nerr) && nerr.Timeout()
+}
+
+// countHits counts every counted descriptor's hits under the result
+// result gives it.
+func (s *Service) countHits(domain string, items []item, result func(*item) string) {
+	for i := range items {
+		if it := &items[i]; it.kind == counted && !it.refund {
+			s.m.Hit(domain, it.label, result(it), it.hits)
+		}
+	}
+}
+
+// heldByFlights reports a budget check refused with what it costs still
+// left: held for the checks in flight (limit's retry reset).
+func heldByFlights(ch *limit.Check, res limit.Result) bool {
+	return res.Over && ch.Usage && !ch.Charge() && !ch.Refund && res.Remaining > 0 && res.Remaining >= ch.Hits
 }
 
 // failureAnswer decides an item the store could not: its rule's

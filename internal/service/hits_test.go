@@ -139,3 +139,33 @@ func TestCancellationIsTheCallers(t *testing.T) {
 		t.Errorf("fail-open %v, canceled %v; want 1, 0", fo, c)
 	}
 }
+
+// TestHitsOfUnknownOutcome: a charge whose store call timed out, or whose
+// caller went away, may have been recorded: it is counted unknown, never
+// lost and never nowhere; one the store refused outright is lost.
+func TestHitsOfUnknownOutcome(t *testing.T) {
+	count := func(m *metrics.Metrics, result string) float64 {
+		return testutil.ToFloat64(m.Hits.WithLabelValues("ai", "ai.user", result))
+	}
+	m := metrics.New("test")
+	s := service.New(parseRules(t, budgetRules), blockingStore{}, nil, service.Options{Metrics: m})
+	tctx, tcancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer tcancel()
+	if _, err := s.ShouldRateLimit(tctx, aiRequest(tokens(300, "user", "u"))); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	if _, err := s.ShouldRateLimit(ctx, aiRequest(tokens(40, "user", "u"))); !errors.Is(err, service.ErrCanceled) {
+		t.Fatalf("canceled: %v", err)
+	}
+	if u, l := count(m, service.HitsUnknown), count(m, service.HitsLost); u != 340 || l != 0 {
+		t.Fatalf("timed out and canceled charges: unknown %v, lost %v; want 340, 0", u, l)
+	}
+	m = metrics.New("test")
+	s = service.New(parseRules(t, budgetRules), failingStore{}, nil, service.Options{Metrics: m})
+	call(t, s, aiRequest(tokens(700, "user", "u")))
+	if u, l := count(m, service.HitsUnknown), count(m, service.HitsLost); u != 0 || l != 700 {
+		t.Fatalf("refused by the store: unknown %v, lost %v; want 0, 700", u, l)
+	}
+}

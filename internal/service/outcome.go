@@ -45,4 +45,8 @@ const (
 	// HitsLost: not recorded, because the store could not decide; the
 	// failure policy answered the call.
 	HitsLost = "lost"
+	// HitsUnknown: maybe recorded: the store call timed out, or the
+	// caller went away, after it may have reached Redis (the failure
+	// policy answered, or no one).
+	HitsUnknown = "unknown"
 )

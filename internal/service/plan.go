@@ -25,7 +25,9 @@ type item struct {
 	mult     uint32
 	hits     uint64
 	refund   bool
-	usage    bool // a usage charge (hits stated, rejected_hits: usage): recorded even when refused
+	usage    bool            // a call on a rule that takes usage (rejected_hits: usage); ukind says which
+	ukind    limit.UsageKind // set by classify
+	stated   bool            // the hits were stated (a descriptor's or the request's hits_addend)
 	shadow   bool
 	quota    bool
 	check    int // index into the request's checks when kind == counted
@@ -97,14 +99,13 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 	var replaced map[string]struct{}
 	for i, d := range req.GetDescriptors() {
 		it := &items[i]
-		*it = item{hits: defaultHits, refund: d.GetIsNegativeHits()}
-		// A call that states its hits may be reporting usage after the
-		// fact (Envoy's apply_on_stream_done); one that does not is a
-		// request, refused all or nothing.
-		it.usage = stated && !it.refund
+		*it = item{hits: defaultHits, refund: d.GetIsNegativeHits(), stated: stated}
 		if h := d.GetHitsAddend(); h != nil {
-			it.hits, it.usage = h.GetValue(), !it.refund
+			it.hits, it.stated = h.GetValue(), true
 		}
+		// Any call on a rule that takes usage may be part of a budget:
+		// classify says which (a refund never is).
+		it.usage = !it.refund
 		if dom == nil {
 			continue
 		}
@@ -156,10 +157,15 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 			rejected = s.opts.RejectedHits
 		}
 		it.usage = it.usage && rejected == config.RejectedUsage
-		// A lease spends hits taken before they are used; a usage charge
-		// is decided in the store, where it is recorded.
-		it.lease = it.lease && !it.usage
+		// A lease spends hits taken before they are used; a call stating
+		// its hits is decided in the store, where it is recorded. A
+		// request stating none keeps its lease and stays plain.
+		if it.lease && it.stated {
+			it.lease = false
+		}
+		it.usage = it.usage && !it.lease
 	}
+	classify(items)
 	if replaced == nil {
 		return
 	}
@@ -201,4 +207,40 @@ func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon
 		enc.Entry(e.GetKey(), v)
 	}
 	return enc.KeyFor(it.algo, it.windowUS)
+}
+
+// classify tells each usage call of a request what it is, from what
+// Envoy sends (docs/token-budgets.md, "What each call does"): a request
+// in which some usage descriptor states 2 hits or more is a stream end,
+// whose descriptors are charges (0 a zero charge: a token kind the stream
+// did not use); a request whose stated usage hits are all 0 or 1 is at
+// the request phase: 0 a budget check, 1 a budget check that costs 1
+// (Envoy Gateway's cost.request 1); a descriptor stating no hits is a
+// request that costs 1, and a budget check too where its counter carries
+// a budget (AI Gateway's QuotaPolicy). What this cannot tell apart: a
+// stream end whose every usage is 0 or 1 is taken for a check, and a
+// request-phase cost of 2 or more for a charge.
+func classify(items []item) {
+	end := false
+	for i := range items {
+		it := &items[i]
+		if it.kind == counted && it.usage && it.stated && it.hits >= 2 {
+			end = true
+			break
+		}
+	}
+	for i := range items {
+		it := &items[i]
+		switch {
+		case it.kind != counted || !it.usage:
+		case !it.stated:
+			it.ukind = limit.QuietCost
+		case end && it.hits == 0:
+			it.ukind = limit.ZeroCharge
+		case !end && it.hits == 1:
+			it.ukind = limit.CostCheck
+		default:
+			it.ukind = limit.ByHits
+		}
+	}
 }

@@ -13,22 +13,26 @@
 -- then Q, the number of distinct rules, and per rule 4 values:
 --          limit, window_us, algorithm (0 fixed window, 1 sliding window,
 --          2 token bucket) + 4 * calendar (0 none, 1 the UTC month, 2 the
---          UTC year: a fixed window's period) + 16 * the seconds a budget
---          check stays in flight, burst
+--          UTC year: a fixed window's period) + 16 * the longest a budget
+--          check stays in flight, in seconds (limit.Check.FlightS), burst
 -- then per key i, in order, 1 value:
---          hits * 2^20 + rule * 16 + flags (rule 1-based, below 2^16;
---          flags 1 = refund, 2 = no veto: shadow, 4 = usage: charged
---          even when over or refused; with no hits, a budget check;
---          8 = big: the hits, 2^32 or more, are the value at that
---          1-based place of the list after the keys' values); exact in
---          a double, since packed hits are below 2^32 (one argument
---          fewer per key to parse and convert)
+--          hits * 2^20 + rule * 64 + flags (rule 1-based, below 2^14;
+--          flags 1 = refund, 2 = no veto: shadow, 4 = usage (a rule
+--          that takes usage after the fact), 8 = big: the hits, 2^32 or
+--          more, are the value at that 1-based place of the list after
+--          the keys' values; 16 * the usage kind (limit.UsageKind: 0 by
+--          the hits: none a budget check, some a charge, recorded even
+--          when over or refused; 1 a charge of zero; 2 a budget check
+--          that consumes its hits; 3 that, where the key holds a budget's
+--          state, else a plain request)); exact in a double, since
+--          packed hits are below 2^32 (one argument fewer per key to
+--          parse and convert)
 -- then the big hits, in order (redisstore saturates hits at
 --          limit.MaxHits, 2^51, over any limit).
 -- Values: fixed "<window_end_us>:<count>", or with a budget's state
--- "<window_end_us>:<count>|<usage per check x 1024>/<charges>|<exp_s>:<n>|..."
--- (limit.State's Avg and Charges; the checks in flight, oldest first, by
--- expiry in Unix seconds), sliding "<window_end_us>:<count>:<prev>",
+-- "<window_end_us>:<count>|<usage per check x 1024>/<charges>/<duration_ms>;<first_ms>:<last_ms>:<n>;..."
+-- (limit.State's Avg, Charges and DurMS; the checks in flight, oldest
+-- first, in buckets by admission time in Unix ms), sliding "<window_end_us>:<count>:<prev>",
 -- token bucket "<tat_us>". A value that does not parse (a leaked or foreign
 -- key, or a key of another type, which MGET reads as absent) counts as
 -- absent and is rewritten or deleted here, so no key this script touches
@@ -59,8 +63,15 @@ local GRACE = 1000000
 -- The packed per-key argument (see the header and redisstore's
 -- script.go): HITS_UNIT is 2^20, the place of the hits; below it the rule
 -- (1-based) times RULE_UNIT, plus the flags.
-local HITS_UNIT, RULE_UNIT = 1048576, 16
+local HITS_UNIT, RULE_UNIT, KIND_UNIT = 1048576, 64, 16
 local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE, FLAG_BIG = 1, 2, 4, 8
+-- The usage kinds (limit.UsageKind) and the flags of a request stating no
+-- hits on a usage rule (usage, QUIET), which the fast path takes.
+local BY_HITS, ZERO_CHARGE, COST_CHECK, QUIET = 0, 1, 2, 3
+local QUIET_FLAGS = FLAG_USAGE + QUIET * KIND_UNIT
+-- A budget's learned horizon, as limit's: MIN_FLIGHT and COLD_FLIGHT ms,
+-- SAMPLE_CHARGES, COLD_IN_FLIGHT and the buckets of a horizon.
+local MIN_FLIGHT, COLD_FLIGHT, SAMPLE_CHARGES, COLD_IN_FLIGHT, BUCKETS = 250, 1000, 64, 4, 16
 -- MAXC and MAXSC mirror limit.MaxCount and MaxSlidingCount (a charged
 -- count saturates there), MAXDEBT limit's maxDebtUS (how far charges push
 -- a bucket's arrival time).
@@ -142,20 +153,15 @@ local Q = tonumber(ARGV[3 + C])
 -- and now: window end and its value prefix and patterns, the sliding
 -- window's weight of the previous window, the bucket's interval and
 -- capacity, the PX of a fixed or sliding window's key.
-local lim, win, alg, e, ws, pre, pat, ppat, ppm, ival, cap, ttl, fexp = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+local lim, win, alg, e, ws, pre, pat, ppat, ppm, ival, cap, ttl, fsec = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 for q = 1, Q do
   local b = 4 + C + (q - 1) * 4
   local l, w, a, burst = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  -- A budget check admitted now stays in flight until fexp (limit.FlightExp).
   local fs = floor(a / 16)
   a = a - fs * 16
   local cal = floor(a / 4)
   a = a - cal * 4
-  if fs > 0 then
-    local g = math.max(idiv(fs + 15, 16), 1)
-    fexp[q] = idiv(idiv(now, 1000000) + fs + g - 1, g) * g
-  end
-  lim[q], win[q], alg[q] = l, w, a
+  lim[q], win[q], alg[q], fsec[q] = l, w, a, fs
   if a == 2 then
     if l > 0 then
       ival[q] = idiv(w + l - 1, l)
@@ -191,82 +197,154 @@ if #KEYS <= 1000 then vals = redis.call('MGET', unpack(KEYS)) end
 local out = {}
 -- Scratch per key of the current request, reused across requests.
 -- bss[i] is false, or a fixed window's budget state {avg, charges,
--- flights}: the common path carries one value for it.
-local qs, hs, fs, raws, cs, ps, overs, bss = {}, {}, {}, {}, {}, {}, {}, {}
+-- duration, flights}: the common path carries one value for it; rls[i]
+-- its usage role (role).
+local qs, hs, fs, raws, cs, ps, overs, bss, rls = {}, {}, {}, {}, {}, {}, {}, {}, {}
 
--- parsebudget reads a fixed window's value with a budget's state: the
--- count (0 from another window), the usage per check and the flights
--- still unexpired, or nil for a value that does not parse.
-local function parsebudget(raw, q)
-  local we, sc, sav, sk, rest = match(raw, '^(%d+):(%d+)|(%d+)/(%d+)(.*)$')
-  if not we then return 0, 0, 0, nil end
-  local c, av, k = 0, tonumber(sav), tonumber(sk)
-  -- The usage per check serves the window after its own, no later.
-  we = tonumber(we)
-  if we == e[q] then c = tonumber(sc) elseif we ~= ws[q] then av, k = 0, 0 end
-  local fl = nil
-  for ex, n in gmatch(rest, '|(%d+):(%d+)') do
-    ex = tonumber(ex)
-    if ex * 1000000 > now then
-      if not fl then fl = {} end
-      fl[#fl + 1] = ex
-      fl[#fl + 1] = tonumber(n)
-    end
-  end
-  return c, av, k, fl
+-- The time in ms, for a budget's flights.
+local nowms = idiv(now, 1000)
+
+-- horizon is limit.FlightMS: how long a budget check stays in flight
+-- without a charge, from the learned stream duration dur (ms, 0 unknown).
+local function horizon(q, dur)
+  local d = COLD_FLIGHT
+  if dur > 0 then d = math.max(2 * dur, MIN_FLIGHT) end
+  return math.min(d, fsec[q] * 1000)
 end
 
 local function inflight(fl)
   local n = 0
-  if fl then for j = 2, #fl, 2 do n = n + fl[j] end end
+  if fl then for j = 3, #fl, 3 do n = n + fl[j] end end
   return n
 end
 
--- budgetval returns a fixed window's value and PX with a budget's state
--- (bs, or none), after limit's fly when the check is usage that
--- consumed: a budget check admitted goes in flight; a charge ends the
--- oldest and moves the usage per check (the mean of the last 256
--- charges, x 1024). nil when nothing is left to keep.
-local function budgetval(q, h, c, fly, bs)
-  local av, ak, fl = 0, 0, nil
-  if bs then av, ak, fl = bs[1], bs[2], bs[3] end
-  if fly then
-    if h == 0 then
+-- parsebudget reads a fixed window's value with a budget's state: the
+-- count (0 from another window), the usage per check, the charges, the
+-- stream duration, and the flights still unexpired (a flat list of
+-- first, last, n), or zeros for a value that does not parse.
+local function parsebudget(raw, q)
+  local we, sc, sav, sk, sd, rest = match(raw, '^(%d+):(%d+)|(%d+)/(%d+)/?(%d*)(.*)$')
+  if not we then return 0, 0, 0, 0, nil end
+  local c, av, k, dur = 0, tonumber(sav), tonumber(sk), tonumber(sd) or 0
+  -- The usage per check and the duration serve the window after their
+  -- own, no later.
+  we = tonumber(we)
+  if we == e[q] then c = tonumber(sc) elseif we ~= ws[q] then av, k, dur = 0, 0, 0 end
+  local d, fl = horizon(q, dur), nil
+  for f1, f2, n in gmatch(rest, ';(%d+):(%d+):(%d+)') do
+    f2 = tonumber(f2)
+    -- limit.expireFlights: from the oldest, while expired.
+    if fl or f2 + d >= nowms then
       if not fl then fl = {} end
-      local m = #fl
-      if m > 0 and fl[m - 1] >= fexp[q] then
-        fl[m] = fl[m] + 1
-      else
-        fl[m + 1], fl[m + 2] = fexp[q], 1
+      fl[#fl + 1] = tonumber(f1)
+      fl[#fl + 1] = f2
+      fl[#fl + 1] = tonumber(n)
+    end
+  end
+  return c, av, k, dur, fl
+end
+
+-- role is limit's: what a usage call on a fixed window does: 0 a plain
+-- request, 1 a budget check, 2 a charge.
+local function role(kind, h, bs)
+  if kind == ZERO_CHARGE then return 2 end
+  if kind == COST_CHECK then return 1 end
+  if kind == QUIET then
+    if bs and (bs[2] > 0 or bs[4]) then return 1 end
+    return 0
+  end
+  if h == 0 then return 1 end
+  return 2
+end
+
+-- budgetover is limit.budgetOver: spent, the cost does not fit, or the
+-- flights at the usage per check (a quarter of the limit before any
+-- charge) leave nothing; the check itself is not counted.
+local function budgetover(q, h, c, bs)
+  local l = lim[q]
+  if c >= l or c + h > l then return true end
+  if not bs then return false end
+  local n = inflight(bs[4])
+  if n == 0 then return false end
+  local av = bs[1]
+  if bs[2] == 0 then av = l * (1024 / COLD_IN_FLIGHT) end
+  return c + n * av / 1024 >= l
+end
+
+-- budgetval returns a fixed window's value and PX with a budget's state
+-- (bs, or none) after act: 1 a budget check admitted goes in flight
+-- (limit.fly), 2 a charge of h lands (limit.land: learns the duration
+-- while the oldest flight's age is trustworthy, ends the flight nearest
+-- it, or with none lengthens the duration; moves the usage per check,
+-- the mean of the last 256 charges x 1024). nil when nothing is left to keep.
+local function budgetval(q, h, c, act, bs)
+  local av, ak, dur, fl = 0, 0, 0, nil
+  if bs then av, ak, dur, fl = bs[1], bs[2], bs[3], bs[4] end
+  if act == 1 then
+    local g = math.max(idiv(horizon(q, dur), BUCKETS), 1)
+    if not fl then fl = {} end
+    local m = #fl
+    if m > 0 and nowms - fl[m - 2] < g then
+      fl[m - 1], fl[m] = nowms, fl[m] + 1
+    else
+      fl[m + 1], fl[m + 2], fl[m + 3] = nowms, nowms, 1
+    end
+  elseif act == 2 then
+    if fl then
+      if ak < SAMPLE_CHARGES or inflight(fl) <= 2 then
+        local age = math.max(nowms - fl[1], 1)
+        dur = math.max(age, dur - idiv(dur, 32))
       end
-    elseif fl then
-      if fl[2] > 1 then
-        fl[2] = fl[2] - 1
+      local j = 1
+      if dur > 0 then
+        local target, best = 2 * (nowms - dur), -1
+        for x = 1, #fl, 3 do
+          local d = fl[x] + fl[x + 1] - target
+          if d < 0 then d = -d end
+          if best < 0 or d < best then j, best = x, d end
+        end
+      end
+      if fl[j + 2] > 1 then
+        fl[j + 2] = fl[j + 2] - 1
       else
-        table.remove(fl, 1)
-        table.remove(fl, 1)
+        table.remove(fl, j)
+        table.remove(fl, j)
+        table.remove(fl, j)
         if #fl == 0 then fl = nil end
       end
-      ak = math.min(ak + 1, 256)
-      local hh = h * 1024
-      if hh >= av then av = av + idiv(hh - av, ak) else av = av - idiv(av - hh, ak) end
+    elseif dur > 0 then
+      -- No flight: its check expired first (streams grew longer) or was
+      -- lost; the duration grows by a quarter, up to the ceiling.
+      dur = math.min(dur + math.max(idiv(dur, 4), 1), fsec[q] * 1000)
     end
+    ak = math.min(ak + 1, 256)
+    local hh = h * 1024
+    if hh >= av then av = av + idiv(hh - av, ak) else av = av - idiv(av - hh, ak) end
   end
   if ak == 0 and not fl then
     if c > 0 then return pre[q] .. num(c), ttl[q] end
     return nil, nil
   end
-  local parts = {pre[q], num(c), '|', num(av), '/', ak}
+  local parts = {pre[q], num(c), '|', num(av), '/', ak, '/', dur}
+  -- Flights never stretch the key past its window; the usage per check
+  -- keeps it through the next.
   local xe = 0
   if c > 0 or fl then xe = e[q] + GRACE end
   if fl then
-    for j = 1, #fl, 2 do
-      parts[#parts + 1] = format('|%d:%d', fl[j], fl[j + 1])
+    for j = 1, #fl, 3 do
+      parts[#parts + 1] = format(';%d:%d:%d', fl[j], fl[j + 1], fl[j + 2])
     end
-    xe = math.max(xe, fl[#fl - 1] * 1000000 + GRACE)
   end
   if ak > 0 then xe = math.max(xe, e[q] + win[q] + GRACE) end
   return table.concat(parts), px(xe)
+end
+
+-- retry is limit.retryUS: a budget check refused for its flights resets
+-- when the oldest flight expires, or at the window's end if sooner.
+local function retry(q, bs)
+  if not bs or not bs[4] then return e[q] - now end
+  local at = (bs[4][2] + horizon(q, bs[3]) + 1) * 1000
+  return math.max(math.min(at, e[q]) - now, 0)
 end
 
 -- decide decides the n keys from KEYS[k0+1], appending to out.
@@ -278,11 +356,14 @@ local function decide(k0, n)
     local h = floor(v / HITS_UNIT)
     local rf = v - h * HITS_UNIT
     local q, f = floor(rf / RULE_UNIT), rf % RULE_UNIT
+    local kind = floor(f / KIND_UNIT)
+    f = f - kind * KIND_UNIT
     if f >= FLAG_BIG then
       h, f = tonumber(ARGV[A0 + #KEYS + h - 1]), f - FLAG_BIG
     end
     local refund, veto = f % 2 == FLAG_REFUND, f % 4 < FLAG_NO_VETO
-    local budget = f >= FLAG_USAGE and h == 0
+    local usage = f >= FLAG_USAGE
+    local budget = usage and h == 0 and kind == BY_HITS
     local raw
     if vals then
       raw = written[KEYS[k]]
@@ -293,20 +374,21 @@ local function decide(k0, n)
       raw = redis.call('MGET', KEYS[k])[1]
     end
     if not raw then raw = nil end
-    local a, c, p, o, bs = alg[q], 0, 0, false, false
+    local a, c, p, o, bs, rl = alg[q], 0, 0, false, false, 0
     if a == 0 then
       if raw then
         local sc = match(raw, pat[q])
         if sc then
           c = tonumber(sc)
         elseif find(raw, '|', 1, true) then
-          local av, ak, fl
-          c, av, ak, fl = parsebudget(raw, q)
-          bs = {av, ak, fl}
+          local av, ak, dur, fl
+          c, av, ak, dur, fl = parsebudget(raw, q)
+          bs = {av, ak, dur, fl}
         end
       end
-      if budget then
-        o = c >= lim[q] or bs and c + (inflight(bs[3]) + 1) * bs[1] / 1024 > lim[q]
+      if usage and not refund then rl = role(kind, h, bs) end
+      if rl == 1 then
+        o = budgetover(q, h, c, bs)
       else
         o = not refund and c + h > lim[q]
       end
@@ -341,15 +423,18 @@ local function decide(k0, n)
         end
       end
     end
-    qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i], bss[i] = q, h, f, raw, c, p, o, bs
+    qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i], bss[i], rls[i] = q, h, f + kind * KIND_UNIT, raw, c, p, o, bs, rl
     if o and veto then admitted = false end
   end
 
   for i = 1, n do
-    local k, q, h, f, raw, c, p, o = k0 + i, qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i]
-    local refund, usage = f % 2 == FLAG_REFUND, f >= FLAG_USAGE
-    -- A usage charge is recorded whatever the decision.
-    local consume = (admitted and not o or usage and h > 0) and not refund
+    local k, q, h, f, raw, c, p, o, rl = k0 + i, qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i], rls[i]
+    local kind = floor(f / KIND_UNIT)
+    f = f - kind * KIND_UNIT
+    local refund, usage = f % 2 == FLAG_REFUND, f % 8 >= FLAG_USAGE
+    -- A usage charge is recorded whatever the decision (limit.Check.Charge).
+    local charge = usage and (kind == ZERO_CHARGE or kind == BY_HITS and h > 0)
+    local consume = (admitted and not o or charge) and not refund
     local a, l = alg[q], lim[q]
     local remaining, reset, val, ex = 0, 0, nil, nil
     if a == 2 then
@@ -394,8 +479,14 @@ local function decide(k0, n)
       else
         if c < l then remaining = l - c end
         local bs = bss[i]
-        if bs or usage and consume then
-          val, ex = budgetval(q, h, c, usage and consume, bs)
+        if o and rl == 1 and cs[i] < l and cs[i] + h <= l then
+          -- Refused for its flights, not a spent budget (limit.heldByFlights).
+          reset = retry(q, bs)
+        end
+        local act = 0
+        if consume then act = rl end
+        if bs or act > 0 then
+          val, ex = budgetval(q, h, c, act, bs)
         elseif c > 0 then
           -- num(c), without the call on the common path
           if c < 1e14 then val = pre[q] .. c else val = pre[q] .. num(c) end
@@ -419,8 +510,9 @@ local function decide(k0, n)
 end
 
 -- fast decides a request of the one key k on the common path — plain
--- hits (no refund, shadow, usage or big hits) on a fixed window whose key
--- holds nothing or this window's plain count — as decide does, operation
+-- hits (no refund, shadow, usage other than a request stating no hits, or
+-- big hits) on a fixed window whose key holds nothing or this window's
+-- plain count, where such a request is plain — as decide does, operation
 -- for operation, without its per-key scratch, flag decoding and pcall
 -- (its one write is a redis.pcall); it returns false, having done
 -- nothing, for anything else. Measured: 3.4 -> 2.95 us a key at batches
@@ -430,8 +522,9 @@ local function fast(k)
   local v = tonumber(ARGV[A0 + k - 1])
   local h = floor(v / HITS_UNIT)
   local rf = v - h * HITS_UNIT
-  if rf % RULE_UNIT ~= 0 then return false end
-  local q = rf / RULE_UNIT
+  local fl = rf % RULE_UNIT
+  if fl ~= 0 and fl ~= QUIET_FLAGS then return false end
+  local q = (rf - fl) / RULE_UNIT
   if alg[q] ~= 0 then return false end
   local key = KEYS[k]
   local raw = written[key]

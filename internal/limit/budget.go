@@ -1,0 +1,209 @@
+package limit
+
+import "slices"
+
+// A token budget on a fixed window keeps, beside its count, what it knows
+// of the streams that spend it: the usage per check (Avg over Charges),
+// how long streams last (DurMS) and the checks admitted whose charge has
+// not come (Flights). A budget check is admitted while the count and the
+// flights, each at the usage per check, leave something of the limit.
+//
+// What it can and cannot tell apart (docs/token-budgets.md says the
+// same): Envoy's stream-end call carries nothing that pairs it with its
+// check, so a charge ends the flight whose age is nearest the learned
+// duration, not its own; a check whose charge never comes (a failed or
+// cancelled stream) is a flight like any other until it is older than
+// twice the longest recent stream, then it expires; a stream-end call of
+// zero hits alone in its request cannot be told from a check (the service
+// marks one as a ZeroCharge when another descriptor of its request
+// charges).
+
+// The budget's learned horizon. Their values travel to the Lua script
+// too; keep them equal.
+const (
+	// MinFlightMS is the shortest horizon: twice a duration learned
+	// below it still keeps flights this long (Envoy's own round trips).
+	MinFlightMS = 250
+	// ColdFlightMS is the horizon before any duration is learned (no
+	// charge has ended a flight yet), at most Check.FlightS: short, since
+	// a counter that is never charged (hits_addend 0 used as a peek) is
+	// held by its flights for this long at a time.
+	ColdFlightMS = 1000
+	// SampleCharges is how many of a counter's first charges learn the
+	// duration whatever the flights: later ones learn it only where at
+	// most two checks are in flight, where the oldest flight is the
+	// charge's own or its neighbour's (with more, the oldest may be a
+	// check whose charge never came, and ages would only grow).
+	SampleCharges = 64
+	// ColdInFlight is how many checks may be in flight before the first
+	// charge tells the usage per check: until then each counts as a
+	// quarter of the limit.
+	ColdInFlight = 4
+	// flightBuckets is how many buckets the flights are kept in, about:
+	// a bucket takes admissions for a sixteenth of the horizon.
+	flightBuckets = 16
+)
+
+// FlightMS returns how long a budget check admitted now stays in flight
+// without a charge: twice the learned stream duration, at least
+// MinFlightMS, ColdFlightMS while none is learned, and at most FlightS.
+func FlightMS(c *Check, st *State) int64 {
+	d := int64(ColdFlightMS)
+	if st.DurMS > 0 {
+		d = max(2*st.DurMS, MinFlightMS)
+	}
+	return min(d, c.FlightS*1000)
+}
+
+// budgetRole is what a usage call on a fixed window does.
+type budgetRole uint8
+
+const (
+	budgetNone   budgetRole = iota // a plain request
+	budgetCheck                    // admitted while the budget covers the flights; joins them
+	budgetCharge                   // recorded whatever; ends a flight
+)
+
+func role(c *Check, st *State) budgetRole {
+	switch c.Kind {
+	case ZeroCharge:
+		return budgetCharge
+	case CostCheck:
+		return budgetCheck
+	case QuietCost:
+		if st.Charges > 0 || len(st.Flights) > 0 {
+			return budgetCheck
+		}
+		return budgetNone
+	}
+	if c.Hits == 0 {
+		return budgetCheck
+	}
+	return budgetCharge
+}
+
+// budgetOver reports whether a budget check of hits (its cost) is over:
+// the budget is spent, the cost does not fit, or the flights, each at
+// the usage per check (a quarter of the limit before any charge), leave
+// nothing. The check itself is not counted: after one large charge the
+// rest of a budget stays usable, at the price of one stream's usage past
+// the estimate. In floats, as the script: past 2^53 it is over by far.
+func budgetOver(c *Check, st *State, hits uint64) bool {
+	if st.Count >= c.Limit || st.Count+hits > c.Limit {
+		return true
+	}
+	n := st.InFlight()
+	if n == 0 {
+		return false
+	}
+	avg := st.Avg
+	if st.Charges == 0 {
+		avg = c.Limit * (AvgScale / ColdInFlight)
+	}
+	return float64(st.Count)+float64(n)*float64(avg)/AvgScale >= float64(c.Limit)
+}
+
+// expireFlights drops the flights older than the horizon: a bucket goes
+// once its last admission is more than FlightMS old (never early). The
+// slice may be shared with a stored state, so it is never written in
+// place.
+func expireFlights(c *Check, st *State, now int64) {
+	nowMS, d := now/1000, FlightMS(c, st)
+	k := 0
+	for k < len(st.Flights) && st.Flights[k].LastMS+d < nowMS {
+		k++
+	}
+	if k > 0 {
+		st.Flights = st.Flights[k:]
+	}
+	if len(st.Flights) == 0 {
+		st.Flights = nil
+	}
+}
+
+// fly puts an admitted budget check in flight: into the newest bucket
+// while it is younger than a sixteenth of the horizon, else a new one.
+func fly(c *Check, st *State, now int64) {
+	nowMS := now / 1000
+	g := max(FlightMS(c, st)/flightBuckets, 1)
+	n := len(st.Flights)
+	fl := make([]Flight, n, n+1)
+	copy(fl, st.Flights)
+	if n > 0 && nowMS-fl[n-1].FirstMS < g {
+		fl[n-1].LastMS, fl[n-1].N = nowMS, fl[n-1].N+1
+	} else {
+		fl = append(fl, Flight{FirstMS: nowMS, LastMS: nowMS, N: 1})
+	}
+	st.Flights = fl
+}
+
+// land takes a charge of hits (zero for a ZeroCharge): it learns the
+// duration from the oldest flight's age while that age is trustworthy,
+// ends the flight nearest the duration (the oldest while none is
+// learned), and moves the usage per check toward hits. A charge that
+// finds no flight still informs the usage; and since its check expired
+// before it came (streams grew longer than the horizon) or was lost, it
+// lengthens the duration by a quarter, up to FlightS.
+func land(c *Check, st *State, now int64, hits uint64) {
+	nowMS := now / 1000
+	if n := len(st.Flights); n > 0 {
+		if st.Charges < SampleCharges || st.InFlight() <= 2 {
+			age := max(nowMS-st.Flights[0].FirstMS, 1)
+			st.DurMS = max(age, st.DurMS-st.DurMS/32)
+		}
+		j := 0
+		if st.DurMS > 0 {
+			// The bucket whose middle is nearest now - DurMS, in
+			// integers: |first + last - 2 (now - dur)|; the older wins a
+			// tie.
+			target := 2 * (nowMS - st.DurMS)
+			best := int64(-1)
+			for i, f := range st.Flights {
+				d := f.FirstMS + f.LastMS - target
+				if d < 0 {
+					d = -d
+				}
+				if best < 0 || d < best {
+					j, best = i, d
+				}
+			}
+		}
+		fl := slices.Clone(st.Flights)
+		if fl[j].N > 1 {
+			fl[j].N--
+		} else {
+			fl = slices.Delete(fl, j, j+1)
+		}
+		if len(fl) == 0 {
+			fl = nil
+		}
+		st.Flights = fl
+	} else if st.DurMS > 0 {
+		st.DurMS = min(st.DurMS+max(st.DurMS/4, 1), c.FlightS*1000)
+	}
+	st.Charges = min(st.Charges+1, AvgCharges)
+	h := hits * AvgScale
+	if h >= st.Avg {
+		st.Avg += (h - st.Avg) / st.Charges
+	} else {
+		st.Avg -= (st.Avg - h) / st.Charges
+	}
+}
+
+// heldByFlights reports that a budget check is over for its flights
+// alone: what is left covers its cost.
+func heldByFlights(c *Check, st *State) bool {
+	return c.Algorithm == FixedWindow && c.Usage && !c.Refund && role(c, st) == budgetCheck &&
+		st.Count < c.Limit && st.Count+c.SaturatedHits() <= c.Limit
+}
+
+// retryUS is the reset a budget check refused for its flights reports
+// instead of the window's end: until the oldest flight expires, when the
+// budget holds one flight fewer (the window's end if sooner).
+func retryUS(c *Check, st *State, now int64) int64 {
+	if len(st.Flights) == 0 {
+		return st.End - now
+	}
+	at := (st.Flights[0].LastMS + FlightMS(c, st) + 1) * 1000
+	return max(min(at, st.End)-now, 0)
+}

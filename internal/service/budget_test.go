@@ -1,0 +1,162 @@
+package service_test
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/internal/memstore"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+// clocked runs f on both stores with one scripted clock, which f moves.
+func clocked(t *testing.T, f func(t *testing.T, s *service.Service, advance func(time.Duration))) {
+	t.Helper()
+	run := func(t *testing.T, st func(now func() time.Time) service.Store) {
+		var clock atomic.Int64
+		clock.Store(time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC).UnixMicro())
+		now := func() time.Time { return time.UnixMicro(clock.Load()) }
+		s := service.New(parseRules(t, budgetShapes), st(now), nil, service.Options{Metrics: metrics.New("test"), Now: now})
+		f(t, s, func(d time.Duration) { clock.Add(d.Microseconds()) })
+	}
+	t.Run("memstore", func(t *testing.T) {
+		run(t, func(now func() time.Time) service.Store { return memstore.New(memstore.Options{Now: now}) })
+	})
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		run(t, func(now func() time.Time) service.Store {
+			rs, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: time.Second, ScriptTime: now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { rs.Close() })
+			return rs
+		})
+	})
+}
+
+// budgetShapes are the budgets of the traffic AI Gateway sends: per-user
+// token kinds charged at stream end, and a QuotaPolicy-style budget whose
+// request-phase call states no hits.
+const budgetShapes = `
+domain: ai
+descriptors:
+  - key: total
+    rate_limit: {unit: hour, requests_per_unit: 10000}
+  - key: cached
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+  - key: big
+    rate_limit: {unit: hour, requests_per_unit: 1000000}
+  - key: fresh
+    rate_limit: {unit: hour, requests_per_unit: 100000}
+  - key: quota
+    rate_limit: {unit: hour, requests_per_unit: 10000}
+`
+
+func okay(t *testing.T, s *service.Service, what string, req *rlsv3.RateLimitRequest, want bool) *rlsv3.RateLimitResponse {
+	t.Helper()
+	r := call(t, s, req)
+	if got := r.GetOverallCode() == rlsv3.RateLimitResponse_OK; got != want {
+		t.Fatalf("%s: %v, want OK %v", what, codes(r), want)
+	}
+	return r
+}
+
+// TestUnchargedChecksReleased: a check, a charge of 2,500 of 10,000, then
+// three checks whose charge never comes (a failed or cancelled stream).
+// They hold the budget only as long as streams last, not for the usage
+// timeout; the refusal meanwhile tells the real remainder and a short
+// retry.
+func TestUnchargedChecksReleased(t *testing.T) {
+	clocked(t, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		okay(t, s, "check", aiRequest(tokens(0, "total", "u")), true)
+		advance(200 * time.Millisecond)
+		call(t, s, aiRequest(tokens(2500, "total", "u")))
+		for range 3 {
+			okay(t, s, "uncharged check", aiRequest(tokens(0, "total", "u")), true)
+		}
+		r := okay(t, s, "fourth check", aiRequest(tokens(0, "total", "u")), false)
+		st := r.GetStatuses()[0]
+		if st.GetLimitRemaining() != 7500 || st.GetDurationUntilReset().AsDuration() > time.Second {
+			t.Fatalf("refusal for flights: %v, want 7500 left and a retry within a second", st)
+		}
+		advance(401 * time.Millisecond) // twice the 200 ms the stream lasted
+		okay(t, s, "check after the streams' horizon", aiRequest(tokens(0, "total", "u")), true)
+	})
+}
+
+// TestZeroChargesEndFlights: AI Gateway charges every token kind at
+// stream end, the cached kind 0 on most streams; those zero charges end
+// flights (and pull the usage toward 0) instead of adding one each.
+func TestZeroChargesEndFlights(t *testing.T) {
+	clocked(t, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		for range 20 {
+			okay(t, s, "checks of both kinds", aiRequest(tokens(0, "total", "u"), tokens(0, "cached", "u")), true)
+			advance(50 * time.Millisecond)
+			call(t, s, aiRequest(tokens(300, "total", "u"), tokens(0, "cached", "u")))
+		}
+		// No flight is left on either budget: four more concurrent checks
+		// (the cold quota) are all admitted.
+		for range 4 {
+			okay(t, s, "concurrent check after zero charges", aiRequest(tokens(0, "cached", "u")), true)
+		}
+	})
+}
+
+// TestLargeChargeNoSelfLock: check, charge 600,000 of 1,000,000, check:
+// the rest of the budget stays usable.
+func TestLargeChargeNoSelfLock(t *testing.T) {
+	clocked(t, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		okay(t, s, "check", aiRequest(tokens(0, "big", "u")), true)
+		advance(time.Second)
+		call(t, s, aiRequest(tokens(600_000, "big", "u")))
+		okay(t, s, "check with 400,000 left", aiRequest(tokens(0, "big", "u")), true)
+	})
+}
+
+// TestColdStartBounded: before any charge tells the usage per stream, a
+// fresh budget lets at most four checks be in flight.
+func TestColdStartBounded(t *testing.T) {
+	clocked(t, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		for range 4 {
+			okay(t, s, "cold check", aiRequest(tokens(0, "fresh", "u")), true)
+		}
+		okay(t, s, "fifth cold check", aiRequest(tokens(0, "fresh", "u")), false)
+		advance(100 * time.Millisecond)
+		call(t, s, aiRequest(tokens(2000, "fresh", "u")))
+		okay(t, s, "check once the usage is known", aiRequest(tokens(0, "fresh", "u")), true)
+	})
+}
+
+// TestQuotaPolicyShape: AI Gateway's QuotaPolicy checks at request time
+// stating no hits (a cost of 1) and charges quota_cost at stream end.
+// Once the counter has seen a charge, those requests join the flights,
+// so the budget's bound holds for them too; refused, they cost nothing.
+func TestQuotaPolicyShape(t *testing.T) {
+	clocked(t, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		okay(t, s, "first request", aiRequest(desc("quota", "u")), true)
+		advance(100 * time.Millisecond)
+		call(t, s, aiRequest(tokens(2000, "quota", "u")))
+		// 2,001 spent; each request in flight counts 2,000 more.
+		for i := range 4 {
+			if r := okay(t, s, "request", aiRequest(desc("quota", "u")), true); i == 3 && r.GetStatuses()[0].GetLimitRemaining() != 7995 {
+				t.Fatalf("after four requests: %v, want 7995 left (each costs 1)", r.GetStatuses()[0])
+			}
+		}
+		r := okay(t, s, "request past the flights", aiRequest(desc("quota", "u")), false)
+		if r.GetStatuses()[0].GetLimitRemaining() != 7995 {
+			t.Fatalf("refused request: %v, want 7995 left: it cost nothing", r.GetStatuses()[0])
+		}
+		// A request-phase cost of 1 stated (Envoy Gateway's cost.request)
+		// is a check that costs 1 too.
+		okay(t, s, "stated cost", aiRequest(tokens(1, "quota", "u")), false)
+		advance(50 * time.Millisecond)
+		call(t, s, aiRequest(tokens(100, "quota", "u")))
+		okay(t, s, "request after a charge ended a flight", aiRequest(desc("quota", "u")), true)
+	})
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The token budget's figures on the traffic Envoy AI Gateway and Envoy
+# Gateway really send (docs/BENCHMARKS.md, "Token budgets on real
+# traffic"): starts its own redis-server on a free port and ratelimitd
+# with the default settings plus --redis-timeout 1s (and any arguments
+# given), runs each scenario of cmd/ratelimitd-bench -budget on a fresh
+# counter, prints each report, and stops what it started.
+# Usage: scripts/budget-bench.sh [ratelimitd arguments...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TMP=$(mktemp -d)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+RPORT=$(free_port); GRPC=$(free_port); HTTP=$(free_port)
+go build -o "$TMP/ratelimitd" ./cmd/ratelimitd
+go build -o "$TMP/bench" ./cmd/ratelimitd-bench
+redis-server --bind 127.0.0.1 --port "$RPORT" --save '' --appendonly no --dir "$TMP" --daemonize no --logfile "$TMP/redis.log" &
+RPID=$!
+"$TMP/ratelimitd" --config deploy/bench/rules.yaml --redis-url "redis://127.0.0.1:$RPORT" \
+	--grpc-addr "127.0.0.1:$GRPC" --http-addr "127.0.0.1:$HTTP" --redis-timeout 1s --log-level warn "$@" &
+SPID=$!
+trap 'kill $SPID $RPID 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
+sleep 1.5
+run() { echo "== $1"; shift; "$TMP/bench" -addr "127.0.0.1:$GRPC" -budget "$@"; }
+run "three uncharged checks: 10,000 budget, check, charge 2,500, three checks never charged" -budget-key budget_10k -budget-limit 10000 -sequence uncharged -duration 400s
+run "check, charge 600,000 of 1,000,000, check" -sequence large
+run "AI Gateway's five budgets, cached 0 on 90 % of streams, 8 streams" -kinds -budget-key kind_total -budget-limit 100000000 -streams 8 -duration 20s
+for n in 8 64; do
+	for shape in none zero; do
+		run "$n streams, 10 % fail ($shape stream-end call)" -streams "$n" -fail-rate 0.1 -fail-shape "$shape" -duration 8s
+	done
+done
+run "flood: 4 streams on a 10,000,000 budget, one more sharer sends 5,000 uncharged checks" -budget-key budget_10m -budget-limit 10000000 -streams 4 -flood 5000 -flood-at 2s -duration 30s
+run "fresh 100,000 budget, 64 streams" -budget-key budget_100k -budget-limit 100000 -streams 64 -duration 8s
+run "QuotaPolicy's shape: 16 streams x 50 requests, 10,000 budget" -quota -budget-key budget_10k -budget-limit 10000 -streams 16 -requests 50 -tokens-min 50 -tokens-max 250 -duration 60s
+for n in 64 256; do
+	run "$n streams, all charging" -streams "$n" -duration 8s
+done
