@@ -171,11 +171,15 @@ func (r *budgetRun) stream(ctx context.Context, cl rlsv3.RateLimitServiceClient,
 		size := scale * (b.minTok + rng.Uint64N(b.maxTok-b.minTok+1))
 		dur := time.Duration(scale) * (b.minDur + time.Duration(rng.Int64N(int64(b.maxDur-b.minDur)+1)))
 		resp, err := cl.ShouldRateLimit(ctx, r.request([]uint64{0}, !b.quota))
+		if ctx.Err() != nil {
+			// The run ended while the check was out: the service may have
+			// answered it by failure policy (no time left for Redis), which
+			// is the load tool's deadline, not traffic.
+			return
+		}
 		if err != nil {
-			if ctx.Err() == nil {
-				r.checkErrs.Add(1)
-				sleepCtx(ctx, b.retry)
-			}
+			r.checkErrs.Add(1)
+			sleepCtx(ctx, b.retry)
 			continue
 		}
 		now := time.Since(r.start)

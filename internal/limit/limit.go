@@ -403,7 +403,7 @@ func apply(c *Check, st *State, now int64, consume bool) {
 			case budgetCheck:
 				fly(c, st, now)
 			case budgetCharge:
-				land(c, st, now, hits)
+				land(st, now, hits)
 			}
 		}
 	}

@@ -55,7 +55,7 @@ descriptors:
   - key: fresh
     rate_limit: {unit: hour, requests_per_unit: 100000}
   - key: quota
-    rate_limit: {unit: hour, requests_per_unit: 10000}
+    rate_limit: {unit: hour, requests_per_unit: 18000}
 `
 
 func okay(t *testing.T, s *service.Service, what string, req *rlsv3.RateLimitRequest, want bool) *rlsv3.RateLimitResponse {
@@ -68,7 +68,8 @@ func okay(t *testing.T, s *service.Service, what string, req *rlsv3.RateLimitReq
 }
 
 // TestUnchargedChecksReleased: a check, a charge of 2,500 of 10,000, then
-// three checks whose charge never comes (a failed or cancelled stream).
+// checks whose charge never comes (failed or cancelled streams; two fit,
+// one charge widened to 5,000 a check).
 // They hold the budget only as long as streams last, not for the usage
 // timeout; the refusal meanwhile tells the real remainder and a short
 // retry.
@@ -77,10 +78,10 @@ func TestUnchargedChecksReleased(t *testing.T) {
 		okay(t, s, "check", aiRequest(tokens(0, "total", "u")), true)
 		advance(200 * time.Millisecond)
 		call(t, s, aiRequest(tokens(2500, "total", "u")))
-		for range 3 {
+		for range 2 {
 			okay(t, s, "uncharged check", aiRequest(tokens(0, "total", "u")), true)
 		}
-		r := okay(t, s, "fourth check", aiRequest(tokens(0, "total", "u")), false)
+		r := okay(t, s, "third check", aiRequest(tokens(0, "total", "u")), false)
 		st := r.GetStatuses()[0]
 		if st.GetLimitRemaining() != 7500 || st.GetDurationUntilReset().AsDuration() > time.Second {
 			t.Fatalf("refusal for flights: %v, want 7500 left and a retry within a second", st)
@@ -142,15 +143,16 @@ func TestQuotaPolicyShape(t *testing.T) {
 		okay(t, s, "first request", aiRequest(desc("quota", "u")), true)
 		advance(100 * time.Millisecond)
 		call(t, s, aiRequest(tokens(2000, "quota", "u")))
-		// 2,001 spent; each request in flight counts 2,000 more.
+		// 2,001 spent; each request in flight counts 4,000 more (one
+		// charge of 2,000, widened).
 		for i := range 4 {
-			if r := okay(t, s, "request", aiRequest(desc("quota", "u")), true); i == 3 && r.GetStatuses()[0].GetLimitRemaining() != 7995 {
-				t.Fatalf("after four requests: %v, want 7995 left (each costs 1)", r.GetStatuses()[0])
+			if r := okay(t, s, "request", aiRequest(desc("quota", "u")), true); i == 3 && r.GetStatuses()[0].GetLimitRemaining() != 15995 {
+				t.Fatalf("after four requests: %v, want 15995 left (each costs 1)", r.GetStatuses()[0])
 			}
 		}
 		r := okay(t, s, "request past the flights", aiRequest(desc("quota", "u")), false)
-		if r.GetStatuses()[0].GetLimitRemaining() != 7995 {
-			t.Fatalf("refused request: %v, want 7995 left: it cost nothing", r.GetStatuses()[0])
+		if r.GetStatuses()[0].GetLimitRemaining() != 15995 {
+			t.Fatalf("refused request: %v, want 15995 left: it cost nothing", r.GetStatuses()[0])
 		}
 		// A request-phase cost of 1 stated (Envoy Gateway's cost.request)
 		// is a check that costs 1 too.
@@ -158,5 +160,11 @@ func TestQuotaPolicyShape(t *testing.T) {
 		advance(50 * time.Millisecond)
 		call(t, s, aiRequest(tokens(100, "quota", "u")))
 		okay(t, s, "request after a charge ended a flight", aiRequest(desc("quota", "u")), true)
+		// The rule has been charged: on a fresh counter its requests are
+		// budget checks from the first, four in flight before a charge.
+		for range 4 {
+			okay(t, s, "first requests of another user", aiRequest(desc("quota", "v")), true)
+		}
+		okay(t, s, "fifth request of another user before any charge", aiRequest(desc("quota", "v")), false)
 	})
 }

@@ -165,7 +165,7 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 		}
 		it.usage = it.usage && !it.lease
 	}
-	classify(items)
+	s.classify(items)
 	if replaced == nil {
 		return
 	}
@@ -216,11 +216,12 @@ func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon
 // did not use); a request whose stated usage hits are all 0 or 1 is at
 // the request phase: 0 a budget check, 1 a budget check that costs 1
 // (Envoy Gateway's cost.request 1); a descriptor stating no hits is a
-// request that costs 1, and a budget check too where its counter carries
-// a budget (AI Gateway's QuotaPolicy). What this cannot tell apart: a
-// stream end whose every usage is 0 or 1 is taken for a check, and a
-// request-phase cost of 2 or more for a charge.
-func classify(items []item) {
+// request that costs 1, and a budget check too on a rule this instance
+// has seen charged, or where its counter carries a budget (AI Gateway's
+// QuotaPolicy). What this cannot tell apart: a stream end whose every
+// usage is 0 or 1 is taken for a check, and a request-phase cost of 2 or
+// more for a charge.
+func (s *Service) classify(items []item) {
 	end := false
 	for i := range items {
 		it := &items[i]
@@ -229,18 +230,29 @@ func classify(items []item) {
 			break
 		}
 	}
+	charged := s.charged.Load()
 	for i := range items {
 		it := &items[i]
 		switch {
 		case it.kind != counted || !it.usage:
 		case !it.stated:
 			it.ukind = limit.QuietCost
+			if it.rule != nil {
+				if _, ok := charged.Load(it.rule); ok {
+					it.ukind = limit.CostCheck
+				}
+			}
 		case end && it.hits == 0:
 			it.ukind = limit.ZeroCharge
 		case !end && it.hits == 1:
 			it.ukind = limit.CostCheck
 		default:
 			it.ukind = limit.ByHits
+			if end && it.rule != nil {
+				if _, ok := charged.Load(it.rule); !ok {
+					charged.Store(it.rule, struct{}{})
+				}
+			}
 		}
 	}
 }

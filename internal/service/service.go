@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -170,6 +171,11 @@ type Service struct {
 	demand      Demand
 	lastFailLog lograte.Limiter // of the fail-open log line
 	flightS     int64           // opts.UsageTimeout in seconds, as checks carry it
+	// charged holds the rules of the snapshot in force that this
+	// instance has seen a usage charge on (a *config.Rule each): a
+	// request stating no hits on one is a budget check from its first
+	// key on (see classify).
+	charged atomic.Pointer[sync.Map]
 }
 
 // New returns a service deciding with rules (which may be nil until
@@ -214,6 +220,7 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	s.detailed.cap = opts.DetailedMetricCap
 	s.flightS = int64(opts.UsageTimeout / time.Second)
 	s.rules.Store(rules)
+	s.charged.Store(new(sync.Map))
 	s.compatRules.Store(opts.Compat.ForRules(rules))
 	return s
 }
@@ -227,6 +234,7 @@ func (s *Service) Demand() *Demand { return &s.demand }
 func (s *Service) SetRules(rules *config.Snapshot) {
 	s.compatRules.Store(s.opts.Compat.ForRules(rules))
 	s.rules.Store(rules)
+	s.charged.Store(new(sync.Map))
 	s.detailed.reset()
 	if s.cache != nil {
 		s.cache.Clear()

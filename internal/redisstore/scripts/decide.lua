@@ -259,24 +259,25 @@ end
 
 -- budgetover is limit.budgetOver: spent, the cost does not fit, or the
 -- flights at the usage per check (a quarter of the limit before any
--- charge) leave nothing; the check itself is not counted.
+-- charge; the mean of k charges widened by (k+3)/(k+1)) leave nothing;
+-- the check itself is not counted. Floats, in limit's order.
 local function budgetover(q, h, c, bs)
   local l = lim[q]
   if c >= l or c + h > l then return true end
   if not bs then return false end
   local n = inflight(bs[4])
   if n == 0 then return false end
-  local av = bs[1]
-  if bs[2] == 0 then av = l * (1024 / COLD_IN_FLIGHT) end
-  return c + n * av / 1024 >= l
+  if bs[2] == 0 then return c + n * (l * (1024 / COLD_IN_FLIGHT)) / 1024 >= l end
+  local k = bs[2]
+  return c + n * bs[1] * (k + 3) / (k + 1) / 1024 >= l
 end
 
 -- budgetval returns a fixed window's value and PX with a budget's state
 -- (bs, or none) after act: 1 a budget check admitted goes in flight
 -- (limit.fly), 2 a charge of h lands (limit.land: learns the duration
 -- while the oldest flight's age is trustworthy, ends the flight nearest
--- it, or with none lengthens the duration; moves the usage per check,
--- the mean of the last 256 charges x 1024). nil when nothing is left to keep.
+-- it; moves the usage per check, the mean of the last 256 charges x
+-- 1024). nil when nothing is left to keep.
 local function budgetval(q, h, c, act, bs)
   local av, ak, dur, fl = 0, 0, 0, nil
   if bs then av, ak, dur, fl = bs[1], bs[2], bs[3], bs[4] end
@@ -312,10 +313,6 @@ local function budgetval(q, h, c, act, bs)
         table.remove(fl, j)
         if #fl == 0 then fl = nil end
       end
-    elseif dur > 0 then
-      -- No flight: its check expired first (streams grew longer) or was
-      -- lost; the duration grows by a quarter, up to the ceiling.
-      dur = math.min(dur + math.max(idiv(dur, 4), 1), fsec[q] * 1000)
     end
     ak = math.min(ak + 1, 256)
     local hh = h * 1024
