@@ -345,8 +345,11 @@ func TestFlightsKeepTheWindowTTL(t *testing.T) {
 // TestUsageFlightsNotShared: a stored state's flights are never written
 // through, since a store may hand the same slice to two decisions.
 func TestUsageFlightsNotShared(t *testing.T) {
-	base := State{End: 60e6, Count: 1, Avg: 5 * AvgScale, Charges: 1, DurMS: 100, Flights: []Flight{{FirstMS: 900, LastMS: 990, N: 2}}}
-	base.Flights = append(base.Flights, Flight{FirstMS: 995, LastMS: 999, N: 1})[:1:2]
+	// The newest bucket is young enough to take the check (a write in
+	// place would change its N), and a spare slot holds another (an
+	// append in place would overwrite it).
+	base := State{End: 60e6, Count: 1, Avg: 5 * AvgScale, Charges: 1, DurMS: 100, Flights: []Flight{{FirstMS: 995, LastMS: 995, N: 2}}}
+	base.Flights = append(base.Flights, Flight{FirstMS: 996, LastMS: 996, N: 1})[:1:2]
 	c := []Check{{Key: "k", Limit: 1000, WindowUS: 60e6, Usage: true, FlightS: 60}}
 	for _, hits := range []uint64{0, 10} {
 		st := []State{base}

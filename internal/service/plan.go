@@ -2,6 +2,7 @@ package service
 
 import (
 	"fmt"
+	"sync"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -222,37 +223,42 @@ func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon
 // usage is 0 or 1 is taken for a check, and a request-phase cost of 2 or
 // more for a charge.
 func (s *Service) classify(items []item) {
-	end := false
-	for i := range items {
-		it := &items[i]
-		if it.kind == counted && it.usage && it.stated && it.hits >= 2 {
-			end = true
-			break
-		}
-	}
+	end := streamEnd(items)
 	charged := s.charged.Load()
 	for i := range items {
-		it := &items[i]
-		switch {
-		case it.kind != counted || !it.usage:
-		case !it.stated:
-			it.ukind = limit.QuietCost
-			if it.rule != nil {
-				if _, ok := charged.Load(it.rule); ok {
-					it.ukind = limit.CostCheck
-				}
-			}
-		case end && it.hits == 0:
-			it.ukind = limit.ZeroCharge
-		case !end && it.hits == 1:
-			it.ukind = limit.CostCheck
-		default:
-			it.ukind = limit.ByHits
-			if end && it.rule != nil {
-				if _, ok := charged.Load(it.rule); !ok {
-					charged.Store(it.rule, struct{}{})
-				}
-			}
+		if it := &items[i]; it.kind == counted && it.usage {
+			it.ukind = usageKind(it, end, charged)
 		}
 	}
+}
+
+// streamEnd reports a request in which some usage descriptor states 2
+// hits or more.
+func streamEnd(items []item) bool {
+	for i := range items {
+		if it := &items[i]; it.kind == counted && it.usage && it.stated && it.hits >= 2 {
+			return true
+		}
+	}
+	return false
+}
+
+// usageKind is classify's answer for one usage item; a charge marks its
+// rule as charged.
+func usageKind(it *item, end bool, charged *sync.Map) limit.UsageKind {
+	switch {
+	case !it.stated:
+		if _, ok := charged.Load(it.rule); ok && it.rule != nil {
+			return limit.CostCheck
+		}
+		return limit.QuietCost
+	case end && it.hits == 0:
+		return limit.ZeroCharge
+	case !end && it.hits == 1:
+		return limit.CostCheck
+	}
+	if _, ok := charged.Load(it.rule); end && !ok && it.rule != nil {
+		charged.Store(it.rule, struct{}{})
+	}
+	return limit.ByHits
 }
