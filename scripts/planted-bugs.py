@@ -242,8 +242,8 @@ muts = [
     ("222 a budget check counts itself (self-lock after a large charge)","internal/limit/budget.go","\tn := st.InFlight()\n\tif n == 0 {","\tn := st.InFlight() + 1\n\tif n == 0 {","./internal/limit","TestNoSelfLock"),
     ("223 no bound before the first charge","internal/limit/budget.go","\tif st.Charges == 0 {\n\t\treturn float64","\tif false {\n\t\treturn float64","./internal/limit","TestColdStart"),
     ("224 a request stating no hits never a budget check","internal/limit/budget.go","\t\tif st.Charges > 0 || len(st.Flights) > 0 {\n\t\t\treturn budgetCheck","\t\tif false {\n\t\t\treturn budgetCheck","./internal/limit","TestCostChecks"),
-    ("225 a refusal for flights reports no remainder","internal/service/decide.go","\t\t\t\tif !cs.read && heldByFlights(ch, cs.res) {","\t\t\t\tif false {","./internal/service","TestUnchargedChecksReleased"),
-    ("226 a refusal for flights resets at the window's end","internal/limit/limit.go","\t\tif held {\n","\t\tif false && held {\n","./internal/limit","TestBudgetChecksInFlight"),
+    ("225 a refusal for flights reports no remainder","internal/service/decide.go","\t\t\t\tif !cs.read && ch.HeldByFlights(cs.res) {","\t\t\t\tif false {","./internal/service","TestUnchargedChecksReleased"),
+    ("226 a refusal for flights resets at the window's end","internal/limit/limit.go","\t\tif c.HeldByFlights(results[i]) {\n","\t\tif false && c.HeldByFlights(results[i]) {\n","./internal/limit","TestBudgetChecksInFlight"),
     ("227 hits of a timed-out call counted lost","internal/service/decide.go","\tcase cs.failed && cs.unknown:\n","\tcase false:\n","./internal/service","TestHitsOfUnknownOutcome"),
     ("228 hits of a canceled call counted nowhere","internal/service/decide.go","\t\t\ts.countHits(req.GetDomain(), items, func(*item) string { return HitsUnknown })\n","","./internal/service","TestHitsOfUnknownOutcome"),
     ("229 REDIS_TIMEOUT ignored","internal/envcompat/envcompat.go",'{Name: "REDIS_TIMEOUT", Flag: "redis-timeout"},','{Name: "REDIS_TIMEOUT", Ignore: "bounded by --redis-timeout"},',"./internal/envcompat","TestEnvoyproxy"),
@@ -252,6 +252,11 @@ muts = [
     ("232 the mean of a few charges taken as exact","internal/limit/budget.go","float64(st.Avg)*(k+3)/(k+1)/AvgScale","float64(st.Avg)*(k+1)/(k+1)/AvgScale","./internal/limit","TestBudgetChecksInFlight"),
     ("233 the script ends the oldest flight, not the nearest","internal/redisstore/scripts/decide.lua","      if dur > 0 then\n        local target","      if false then\n        local target","./internal/redisstore","TestBudgetMatchesMemstore"),
     ("234 the script takes a zero charge for a check","internal/redisstore/scripts/decide.lua","  if kind == ZERO_CHARGE then return 2 end","  if kind == ZERO_CHARGE then return 1 end","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ("235 a flight stretches its key past the window","internal/limit/limit.go","\t\tif st.Count > 0 || len(st.Flights) > 0 {\n\t\t\texpireAt = st.End + GraceUS\n\t\t}","\t\tif st.Count > 0 || len(st.Flights) > 0 {\n\t\t\texpireAt = st.End + GraceUS\n\t\t}\n\t\tif n := len(st.Flights); n > 0 {\n\t\t\texpireAt = max(expireAt, (st.Flights[n-1].LastMS+c.FlightS*1000)*1000)\n\t\t}","./internal/limit","TestFlightsKeepTheWindowTTL"),
+    ("236 the duration learned from a crowd of flights","internal/limit/budget.go","st.Charges < SampleCharges || st.InFlight() <= 2","st.Charges < SampleCharges || st.InFlight() <= 8","./internal/limit","TestDurationLearned"),
+    ("237 a zero charge leaves the usage per check where it was","internal/limit/budget.go","\tst.Charges = min(st.Charges+1, AvgCharges)\n\th := hits * AvgScale","\tif hits == 0 {\n\t\treturn\n\t}\n\tst.Charges = min(st.Charges+1, AvgCharges)\n\th := hits * AvgScale","./internal/limit","TestZeroCharge"),
+    ("238 the service's budget checks count themselves","internal/limit/budget.go","\tn := st.InFlight()\n\tif n == 0 {","\tn := st.InFlight() + 1\n\tif n == 0 {","./internal/service","TestLargeChargeNoSelfLock"),
+    ("239 the service's fresh budget unbounded","internal/limit/budget.go","\tif st.Charges == 0 {\n\t\treturn float64","\tif false {\n\t\treturn float64","./internal/service","TestColdStartBounded"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -195,11 +195,13 @@ func land(st *State, now int64, hits uint64) {
 	}
 }
 
-// heldByFlights reports that a budget check is over for its flights
-// alone: what is left covers its cost.
-func heldByFlights(c *Check, st *State) bool {
-	return c.Algorithm == FixedWindow && c.Usage && !c.Refund && role(c, st) == budgetCheck &&
-		st.Count < c.Limit && st.Count+c.SaturatedHits() <= c.Limit
+// HeldByFlights reports that a usage call's result r is a refusal for
+// the checks in flight alone: over, though what is left covers its cost
+// (anything else over leaves less than its hits, a spent budget none).
+// Decide gives such a refusal retryUS's reset; the service tells its
+// remainder.
+func (c *Check) HeldByFlights(r Result) bool {
+	return r.Over && c.Usage && !c.Refund && !c.Charge() && r.Remaining > 0 && r.Remaining >= c.SaturatedHits()
 }
 
 // retryUS is the reset a budget check refused for its flights reports

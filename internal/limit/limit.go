@@ -291,10 +291,9 @@ func Decide(checks []Check, states []State, found []bool, nowUS int64, results [
 		// A usage charge is recorded whatever the decision; a budget
 		// check admitted goes in flight.
 		consume := admitted && !results[i].Over && !c.Refund || c.Charge()
-		held := results[i].Over && heldByFlights(c, &states[i])
 		apply(c, &states[i], nowUS, consume)
 		results[i].Remaining, results[i].ResetUS, expire[i] = report(c, &states[i], nowUS)
-		if held {
+		if c.HeldByFlights(results[i]) {
 			// Refused for its flights, not a spent budget: the real
 			// remainder stands, and the retry is when a flight ends.
 			results[i].ResetUS = retryUS(c, &states[i], nowUS)

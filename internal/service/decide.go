@@ -437,7 +437,7 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 			}
 			if over {
 				outcome = OutcomeOverLimit
-				if !cs.read && heldByFlights(ch, cs.res) {
+				if !cs.read && ch.HeldByFlights(cs.res) {
 					// Refused for the budget's streams in flight, not a
 					// spent budget: what is left is real, and the reset
 					// is when a flight ends.
@@ -548,12 +548,6 @@ func (s *Service) countHits(domain string, items []item, result func(*item) stri
 			s.m.Hit(domain, it.label, result(it), it.hits)
 		}
 	}
-}
-
-// heldByFlights reports a budget check refused with what it costs still
-// left: held for the checks in flight (limit's retry reset).
-func heldByFlights(ch *limit.Check, res limit.Result) bool {
-	return res.Over && ch.Usage && !ch.Charge() && !ch.Refund && res.Remaining > 0 && res.Remaining >= ch.Hits
 }
 
 // failureAnswer decides an item the store could not: its rule's
