@@ -257,6 +257,22 @@ muts = [
     ("237 a zero charge leaves the usage per check where it was","internal/limit/budget.go","\tst.Charges = min(st.Charges+1, AvgCharges)\n\th := hits * AvgScale","\tif hits == 0 {\n\t\treturn\n\t}\n\tst.Charges = min(st.Charges+1, AvgCharges)\n\th := hits * AvgScale","./internal/limit","TestZeroCharge"),
     ("238 the service's budget checks count themselves","internal/limit/budget.go","\tn := st.InFlight()\n\tif n == 0 {","\tn := st.InFlight() + 1\n\tif n == 0 {","./internal/service","TestLargeChargeNoSelfLock"),
     ("239 the service's fresh budget unbounded","internal/limit/budget.go","\tif st.Charges == 0 {\n\t\treturn float64","\tif false {\n\t\treturn float64","./internal/service","TestColdStartBounded"),
+    ("240 the script's usage per check a mean of every charge","internal/redisstore/scripts/decide.lua","ak = math.min(ak + 1, 256)","ak = ak + 1","./internal/redisstore","TestBudgetUsageFollowsCharges"),
+    ("241 a budget check on a spent budget admitted","internal/limit/budget.go","if st.Count >= c.Limit || st.Count+hits > c.Limit {","if st.Count > c.Limit || st.Count+hits > c.Limit {","./internal/limit","TestColdStart"),
+    ("242 the script admits a budget check on a spent budget","internal/redisstore/scripts/decide.lua","if c >= l or c + h > l then return true end","if c > l or c + h > l then return true end","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ("243 flights expire by their bucket's first admission (early)","internal/limit/budget.go","st.Flights[k].LastMS+d < nowMS","st.Flights[k].FirstMS+d < nowMS","./internal/limit","TestUnchargedChecksReleased"),
+    ("244 the script expires flights by their bucket's first admission","internal/redisstore/scripts/decide.lua","if fl or f2 + d >= nowms then","if fl or tonumber(f1) + d >= nowms then","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ("245 a token bucket's limit past 2^32 loads","config/parse.go","if hasRPU && l.Algorithm != AlgorithmFixedWindow && l.RequestsPerUnit > math.MaxUint32 {","if hasRPU && l.Algorithm == AlgorithmSlidingWindow && l.RequestsPerUnit > math.MaxUint32 {","./config","TestBadConfigs"),
+    ("246 calendar with a unit_multiplier loads","config/config.go","(l.Unit == UnitMonth || l.Unit == UnitYear) && l.UnitMultiplier <= 1 &&","(l.Unit == UnitMonth || l.Unit == UnitYear) &&","./config","TestBadConfigs"),
+    ("247 --rejected-hits takes a bad value","cmd/ratelimitd/settings.go","rh, err := config.ParseRejectedHits(v)\n\t\to.RejectedHits = rh\n\t\treturn err","rh, _ := config.ParseRejectedHits(v)\n\t\to.RejectedHits = rh\n\t\treturn nil","./cmd/ratelimitd","TestFlagBounds|TestDefaults"),
+    ("248 --calendar-periods on by default","cmd/ratelimitd/settings.go",'fs.BoolVar(&o.CalendarPeriods, "calendar-periods", false,','fs.BoolVar(&o.CalendarPeriods, "calendar-periods", true,',"./cmd/ratelimitd","TestDefaults"),
+    ("249 a request-level hits_addend not a usage charge","internal/service/plan.go","\tstated := defaultHits > 0\n","\tstated := false\n","./internal/service","TestRequestHitsAddendCharges"),
+    ("250 a limit override's charge ignores --rejected-hits nothing","internal/service/plan.go","it.usage = it.usage && s.opts.RejectedHits == config.RejectedUsage","it.usage = it.usage","./internal/service","TestOverrideRejectedHitsNothing"),
+    ("251 a charge beside a cached refusal only read","internal/service/decide.go","if !ch.Refund && !ch.Charge() { // a charge is recorded when refused","if !ch.Refund {","./internal/service","TestChargeBesideCachedRefusal"),
+    ("252 a check's hits in a refused request counted charged","internal/service/decide.go","case ch.Charge() || stored && !cs.res.Over:","case ch.Charge() || !cs.res.Over:","./internal/service","TestHitsMetricClasses"),
+    ("253 a descriptor's hits_addend twice taken as the last","internal/server/decode.go","case num == descHitsAddend && typ == protowire.BytesType && !hits:","case num == descHitsAddend && typ == protowire.BytesType && (!hits || true):","./internal/server","TestDecodeRequestMatchesProtobuf"),
+    ("255 a call past its deadline still sent","internal/redisstore/batch.go","err := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {","var err error\n\t\tif false {","./internal/redisstore","TestExpiredCallsNotSent"),
+    ("256 the Prometheus mapping loses three-part shadow_mode keys","internal/compatstats/default_mapper.yaml","([^\\.]*)(\\..*)?\\.shadow_mode'","([^\\.]*)(\\..*)\\.shadow_mode'","./internal/compatstats","TestDefaultMapper"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/config"
 )
 
 // TestFlagBounds: every bound on a flag's value is checked by
@@ -33,6 +35,8 @@ func TestFlagBounds(t *testing.T) {
 		{[]string{"--statsd-tags", "nokv"}, "-statsd-tags"},
 		{[]string{"--log-format", "xml"}, "--log-format must be text or json"},
 		{[]string{"--grpc-max-concurrent-streams", "0"}, "-grpc-max-concurrent-streams"},
+		{[]string{"--rejected-hits", "none"}, `unknown rejected_hits "none"`},
+		{[]string{"--rejected-hits", "Nothing"}, `unknown rejected_hits "Nothing"`},
 	} {
 		_, err := parseSettings(append(base, tt.args...), func(string) string { return "" }, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -81,5 +85,38 @@ func TestEnumFlagAfterSpace(t *testing.T) {
 	if _, err := parseSettings([]string{"--config", "rules.yaml", "--response-headers", "sideways"}, none, io.Discard); err == nil ||
 		!strings.Contains(err.Error(), `unexpected argument "sideways"`) {
 		t.Errorf("a value not its own: %v, want it left an argument", err)
+	}
+}
+
+// TestDefaults: what a start with no flags chooses where the image swap
+// depends on it (the incumbent's 30- and 365-day windows, usage charges
+// recorded), and a bad value from the environment stops the start as one
+// from a flag does.
+func TestDefaults(t *testing.T) {
+	s, err := parseSettings([]string{"--config", "rules.yaml"}, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Unset is the service's default, usage.
+	if s.svc.CalendarPeriods || s.svc.RejectedHits != config.RejectedUnset && s.svc.RejectedHits != config.RejectedUsage {
+		t.Fatalf("defaults: calendar periods %v, rejected hits %v; want false, usage", s.svc.CalendarPeriods, s.svc.RejectedHits)
+	}
+	for _, v := range []string{"none", "Nothing", ""} {
+		env := func(k string) string {
+			if k == "RATELIMITD_REJECTED_HITS" {
+				return v
+			}
+			return ""
+		}
+		_, err := parseSettings([]string{"--config", "rules.yaml"}, env, io.Discard)
+		if v == "" {
+			if err != nil {
+				t.Errorf("RATELIMITD_REJECTED_HITS unset: %v", err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "rejected") {
+			t.Errorf("RATELIMITD_REJECTED_HITS=%s: %v, want the start refused", v, err)
+		}
 	}
 }

@@ -160,9 +160,9 @@ func TestBudgetChecksInFlight(t *testing.T) {
 func TestUnchargedChecksReleased(t *testing.T) {
 	b := newBudget(t, 10_000)
 	b.stream(200, 2500)
-	for range 2 {
-		b.mustAdmit("uncharged check")
-	}
+	b.mustAdmit("uncharged check")
+	b.ms(20) // in the same bucket of flights (a sixteenth of the horizon)
+	b.mustAdmit("uncharged check")
 	r := b.check()
 	if !r.Over || r.Remaining != 7500 || r.ResetUS > 1e6 {
 		t.Fatalf("third check: %+v, want over, 7500 remaining, retry within a second", r)
@@ -170,7 +170,11 @@ func TestUnchargedChecksReleased(t *testing.T) {
 	if h := b.horizonMS(); h != 400 {
 		t.Fatalf("horizon %d ms, want 400: twice the 200 ms the stream lasted", h)
 	}
-	b.ms(401)
+	// Never early: the first check is past the horizon, the second (in
+	// its bucket) is not.
+	b.ms(381)
+	b.mustRefuse("check 401 ms after the first uncharged check, 381 ms after the second")
+	b.ms(20)
 	b.mustAdmit("check after the horizon")
 }
 

@@ -472,6 +472,70 @@ func TestBudgetMatchesMemstore(t *testing.T) {
 	t.Logf("%d refusals held by flights alone, identical", held)
 }
 
+// TestBudgetUsageFollowsCharges: the script's usage per check follows the
+// latest charges (a moving average of the last 256), as limit's does:
+// after 300 streams of 100 tokens and 300 of 10,000, the checks that fill
+// what is left stop where memstore's stop (a mean of all 600 would admit
+// a third more).
+func TestBudgetUsageFollowsCharges(t *testing.T) {
+	rs, ms, clock := twoStores(t)
+	c := limit.Check{Key: "follow", Limit: 3_130_000, WindowUS: 3600e6, Usage: true, FlightS: 300}
+	i := 0
+	call := func(hits uint64) limit.Result {
+		ch := c
+		ch.Hits = hits
+		i++
+		return mustMatch(t, rs, ms, []limit.Check{ch}, i, clock)[0]
+	}
+	for _, tokens := range []uint64{100, 10_000} {
+		for range 300 {
+			if call(0).Over {
+				t.Fatalf("request %d: a check refused while one stream at a time charges", i)
+			}
+			clock.Add(1000)
+			call(tokens)
+		}
+	}
+	// 100,000 left: about 14 checks at the latest usage per check
+	// (~7,000), 20 at the mean of every charge (5,050).
+	admitted := 0
+	for !call(0).Over {
+		admitted++
+	}
+	if admitted < 10 || admitted > 16 {
+		t.Fatalf("%d checks admitted on 100,000 left after charges of 10,000, want 10-16 (the latest charges weigh most)", admitted)
+	}
+}
+
+// TestExpiredCallsNotSent: a call whose caller has given up (its
+// deadline passed or its context canceled) while it waited in the queue
+// is never sent: its hits are not consumed after its caller was answered
+// by the failure policy.
+func TestExpiredCallsNotSent(t *testing.T) {
+	s := newStore(t, redistest.Start(t), time.Now)
+	check := func(hits uint64) []limit.Check {
+		return []limit.Check{{Key: "late", Limit: 1000, WindowUS: 3600e6, Hits: hits}}
+	}
+	past, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	canceled, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	for _, ctx := range []context.Context{past, canceled} {
+		for range 50 {
+			if _, err := s.Evaluate(ctx, check(1)); err == nil {
+				t.Fatal("a call whose caller gave up answered without an error")
+			}
+		}
+	}
+	res, err := s.Evaluate(context.Background(), check(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Remaining != 1000 {
+		t.Fatalf("%d left after 100 calls whose callers gave up, want 1000: they were sent", res[0].Remaining)
+	}
+}
+
 // twoStores is a Redis store and memstore on one scripted clock.
 func twoStores(t *testing.T) (*redisstore.Store, *memstore.Store, *atomic.Int64) {
 	t.Helper()

@@ -93,7 +93,7 @@ func randomRequest(rng *rand.Rand) (*rlsv3.RateLimitRequest, bool) {
 }
 
 // mangle sometimes spoils b: cut short, a byte flipped, an unknown field
-// or a descriptor's hits_addend given twice, invalid UTF-8 spliced in (a
+// or a descriptor's hits_addend given twice (merged), invalid UTF-8 spliced in (a
 // domain, an entry).
 func mangle(rng *rand.Rand, b []byte) []byte {
 	switch rng.IntN(12) {
@@ -110,9 +110,11 @@ func mangle(rng *rand.Rand, b []byte) []byte {
 	case 2:
 		return protowire.AppendVarint(protowire.AppendTag(append([]byte(nil), b...), 9, protowire.VarintType), 1)
 	case 3:
+		// {value: 11} then {}: protobuf merges the two (11 stays), where
+		// "the last replaces" would make it 0.
 		d := protowire.AppendTag(nil, descHitsAddend, protowire.BytesType)
-		d = protowire.AppendBytes(d, protowire.AppendVarint(protowire.AppendTag(nil, wrapperValue, protowire.VarintType), 3))
-		d = append(d, d...)
+		d = protowire.AppendBytes(d, protowire.AppendVarint(protowire.AppendTag(nil, wrapperValue, protowire.VarintType), 11))
+		d = protowire.AppendBytes(protowire.AppendTag(d, descHitsAddend, protowire.BytesType), nil)
 		return protowire.AppendBytes(protowire.AppendTag(append([]byte(nil), b...), reqDescriptors, protowire.BytesType), d)
 	case 4:
 		return protowire.AppendString(protowire.AppendTag(append([]byte(nil), b...), reqDomain, protowire.BytesType), "\xff\xfe")
