@@ -41,5 +41,9 @@ go test -race -count=1 ./...
 # The race detector multiplies memory and time: the tests of resource
 # bounds and of recovery within 20 ms assert them only in this second
 # run, without it, one package at a time.
-go test -p 1 -count=1 -run 'TestBombsBounded|TestHotReloadBombs|TestCheckConfigBombs|TestSlowReaderBounded|TestPausedRedisBounded|TestShortStallsKeepLimiting' \
+go test -p 1 -count=1 -run 'TestBombsBounded|TestHotReloadBombs|TestCheckConfigBombs|TestSlowReaderBounded|TestPausedRedisBounded|TestShortStallsKeepLimiting|TestKeptNamesHoldNoRequest' \
 	./config ./cmd/ratelimitd ./internal/redisstore ./internal/service
+# The codec's fuzz targets, a few seconds each, from the seed corpus in
+# internal/server/testdata/fuzz (at length: docs/TESTING.md).
+go test -run XXX -fuzz FuzzDecodeRequest -fuzztime 5s ./internal/server
+go test -run XXX -fuzz FuzzEncodeResponse -fuzztime 5s ./internal/server

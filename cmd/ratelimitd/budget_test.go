@@ -57,6 +57,7 @@ func budgetSequence(t *testing.T, client rlsv3.RateLimitServiceClient, user stri
 // incumbentProc is this binary run as `ratelimit`.
 type incumbentProc struct {
 	grpcAddr, httpAddr string
+	pid                int
 	log                *syncBuffer
 }
 
@@ -101,7 +102,7 @@ func runAsIncumbent(t *testing.T, vars map[string]string) incumbentProc {
 		}
 	})
 	getWithin(t, "http://127.0.0.1:"+httpPort+"/healthcheck", &log)
-	return incumbentProc{grpcAddr: "127.0.0.1:" + grpcPort, httpAddr: "127.0.0.1:" + httpPort, log: &log}
+	return incumbentProc{grpcAddr: "127.0.0.1:" + grpcPort, httpAddr: "127.0.0.1:" + httpPort, pid: cmd.Process.Pid, log: &log}
 }
 
 // TestTokenBudget holds the sequence through the binary named ratelimit

@@ -299,11 +299,23 @@ func (m *mapper) perSecond() error {
 	case pmode != mode:
 		return fmt.Errorf("REDIS_PERSECOND_TYPE %s differs from REDIS_TYPE %s: the per-second Redis takes the main one's mode", pmode, mode)
 	}
-	if auth := m.getenv("REDIS_PERSECOND_AUTH"); auth != "" && !strings.Contains(pu, "@") {
-		if _, pass, ok := strings.Cut(auth, ":"); ok {
-			auth = pass
+	if auth := m.getenv("REDIS_PERSECOND_AUTH"); auth != "" {
+		user, pass, ok := strings.Cut(auth, ":")
+		if !ok {
+			user, pass = "", auth
 		}
-		pu = strings.Replace(pu, "://", "://"+url.UserPassword("", auth).String()+"@", 1)
+		if pmode == "sentinel" {
+			// go-redis takes a sentinel URL's user info for the
+			// sentinels; the master's password is a query value (its
+			// user is one already).
+			pu += "&password=" + url.QueryEscape(pass)
+		} else {
+			// redisURL put the user alone in the URL (user@).
+			if user != "" {
+				pu = strings.Replace(pu, "://"+url.PathEscape(user)+"@", "://", 1)
+			}
+			pu = strings.Replace(pu, "://", "://"+url.UserPassword(user, pass).String()+"@", 1)
+		}
 	}
 	m.set("redis-persecond-url", pu)
 	return nil
@@ -321,9 +333,9 @@ func (m *mapper) redisURL(prefix string) (string, string, error) {
 	if m.isTrue(prefix + "TLS") {
 		scheme = "rediss"
 	}
-	user := ""
+	user, name := "", ""
 	if u, _, ok := strings.Cut(m.getenv(prefix+"AUTH"), ":"); ok && u != "" {
-		user = u + "@"
+		user, name = url.PathEscape(u)+"@", u
 	}
 	switch strings.ToLower(m.getenv(prefix + "TYPE")) {
 	case "", "single":
@@ -340,7 +352,14 @@ func (m *mapper) redisURL(prefix string) (string, string, error) {
 		if len(parts) < 2 {
 			return "", "", fmt.Errorf("%sURL %q: want <master name>,<sentinel host:port>,...", prefix, raw)
 		}
-		return scheme + "://" + user + parts[1] + "?master_name=" + parts[0] + addrs(parts[2:], "&"), "sentinel", nil
+		// The user info of a sentinel URL is the sentinels' (which the
+		// incumbent does not support either): the master's user is a
+		// query value.
+		u := scheme + "://" + parts[1] + "?master_name=" + url.QueryEscape(parts[0]) + addrs(parts[2:], "&")
+		if name != "" {
+			u += "&username=" + url.QueryEscape(name)
+		}
+		return u, "sentinel", nil
 	case "cluster":
 		parts := strings.Split(raw, ",")
 		return scheme + "://" + user + parts[0] + addrs(parts[1:], "?"), "cluster", nil

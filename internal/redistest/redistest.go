@@ -39,6 +39,8 @@ type Server struct {
 	tls *tls.Config
 	// sentinelConf, when set, runs the process as a sentinel with it.
 	sentinelConf string
+	// password is what its clients send as the default user's (Auth).
+	password string
 }
 
 // Binary returns the redis-server path, skipping or failing t when there
@@ -76,7 +78,7 @@ func (s *Server) URL() string { return "redis://" + s.Addr() }
 
 // Client returns a go-redis client closed at the end of the test.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, TLSConfig: s.tls})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, TLSConfig: s.tls, Password: s.password})
 	s.t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -90,8 +92,8 @@ func (s *Server) start() {
 	args := append(append([]string{"--bind", "127.0.0.1"}, port...), "--save", "", "--appendonly", "no",
 		"--dir", s.dir, "--daemonize", "no", "--logfile", filepath.Join(s.dir, "redis.log"))
 	if s.sentinelConf != "" {
-		args = []string{s.sentinelConf, "--sentinel", "--bind", "127.0.0.1", "--port", strconv.Itoa(s.Port),
-			"--dir", s.dir, "--daemonize", "no", "--logfile", filepath.Join(s.dir, "redis.log")}
+		args = append(append([]string{s.sentinelConf, "--sentinel", "--bind", "127.0.0.1"}, port...),
+			"--dir", s.dir, "--daemonize", "no", "--logfile", filepath.Join(s.dir, "redis.log"))
 	}
 	args = append(args, s.args...)
 	for attempt := 0; ; attempt++ {
@@ -114,7 +116,7 @@ func (s *Server) start() {
 
 func (s *Server) waitReady(limit time.Duration) error {
 	deadline := time.Now().Add(limit)
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond, TLSConfig: s.tls})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond, TLSConfig: s.tls, Password: s.password})
 	defer c.Close()
 	var err error
 	for time.Now().Before(deadline) {
@@ -160,7 +162,7 @@ func (s *Server) Resume() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
 // CommandStats returns the calls per command from INFO commandstats,
 // keyed by lower-case command name (e.g. "evalsha", "get").
 func (s *Server) CommandStats(ctx context.Context) (map[string]int64, error) {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, TLSConfig: s.tls})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, TLSConfig: s.tls, Password: s.password})
 	defer c.Close()
 	info, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {

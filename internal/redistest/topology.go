@@ -14,12 +14,7 @@ import (
 // certificates from certs, requiring client certificates.
 func StartTLS(t testing.TB, certs *Certs, args ...string) *Server {
 	t.Helper()
-	s := &Server{t: t, bin: Binary(t), dir: t.TempDir(), Port: freePort(t), tls: certs.ClientTLS()}
-	s.args = append([]string{"--tls-cert-file", certs.ServerCert, "--tls-key-file", certs.ServerKey,
-		"--tls-ca-cert-file", certs.CA, "--tls-auth-clients", "yes"}, args...)
-	s.start()
-	t.Cleanup(s.Kill)
-	return s
+	return StartWith(t, Auth{Certs: certs}, args...)
 }
 
 // ClusterURL returns a redis:// URL naming every node, for go-redis's
@@ -40,11 +35,15 @@ func ClusterURL(nodes []*Server) string {
 
 // StartCluster runs n masters as one Redis Cluster, the slots split
 // evenly, and waits until every node reports cluster_state:ok.
-func StartCluster(t testing.TB, n int) []*Server {
+func StartCluster(t testing.TB, n int) []*Server { return StartClusterWith(t, n, Auth{}) }
+
+// StartClusterWith runs a cluster as StartCluster, its nodes requiring
+// auth.
+func StartClusterWith(t testing.TB, n int, auth Auth) []*Server {
 	t.Helper()
 	nodes := make([]*Server, n)
 	for i := range nodes {
-		nodes[i] = Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		nodes[i] = StartWith(t, auth, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
 	}
 	ctx := context.Background()
 	per := 16384 / n
@@ -95,19 +94,28 @@ func (s *Sentinel) URL() string {
 
 // StartSentinel runs a master, a replica of it, and three sentinels with a
 // quorum of 2 that fail over a second after the master stops answering.
-func StartSentinel(t testing.TB) *Sentinel {
+func StartSentinel(t testing.TB) *Sentinel { return StartSentinelWith(t, Auth{}) }
+
+// StartSentinelWith runs a master, its replica and sentinels as
+// StartSentinel, the master and replica requiring auth (the sentinels
+// speak TLS under auth's Certs, and need no password of their own).
+func StartSentinelWith(t testing.TB, auth Auth) *Sentinel {
 	t.Helper()
 	st := &Sentinel{Name: "rlmaster"}
-	st.Master = Start(t)
-	st.Replica = Start(t, "--replicaof", "127.0.0.1", fmt.Sprint(st.Master.Port))
+	st.Master = StartWith(t, auth)
+	st.Replica = StartWith(t, auth, "--replicaof", "127.0.0.1", fmt.Sprint(st.Master.Port))
 	for range 3 {
 		dir := t.TempDir()
 		conf := filepath.Join(dir, "sentinel.conf")
-		body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %[1]s 1000\nsentinel failover-timeout %[1]s 5000\nsentinel parallel-syncs %[1]s 1\n", st.Name, st.Master.Port)
+		body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %[1]s 1000\nsentinel failover-timeout %[1]s 5000\nsentinel parallel-syncs %[1]s 1\n", st.Name, st.Master.Port) +
+			auth.sentinelLines(st.Name)
 		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		s := &Server{t: t, bin: Binary(t), dir: dir, Port: freePort(t), sentinelConf: conf}
+		s := &Server{t: t, bin: Binary(t), dir: dir, Port: freePort(t), sentinelConf: conf, args: auth.tlsArgs()}
+		if auth.Certs != nil {
+			s.tls = auth.Certs.ClientTLS()
+		}
 		s.start()
 		t.Cleanup(s.Kill)
 		st.Sentinels = append(st.Sentinels, s)

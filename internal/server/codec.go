@@ -1,6 +1,8 @@
 package server
 
 import (
+	"fmt"
+
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
@@ -19,7 +21,8 @@ type rlsCodec struct{ encoding.CodecV2 }
 
 // Marshal writes v.
 func (c rlsCodec) Marshal(v any) (mem.BufferSlice, error) {
-	if resp, ok := v.(*rlsv3.RateLimitResponse); ok {
+	// A nil message goes to gRPC's codec, which writes an empty one.
+	if resp, ok := v.(*rlsv3.RateLimitResponse); ok && resp != nil {
 		if n, ok := responseSize(resp); ok {
 			return mem.BufferSlice{mem.SliceBuffer(appendResponse(make([]byte, 0, n), resp))}, nil
 		}
@@ -29,12 +32,16 @@ func (c rlsCodec) Marshal(v any) (mem.BufferSlice, error) {
 
 // Unmarshal reads v from data.
 func (c rlsCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if pm, ok := v.(protobuf.Message); ok && !pm.ProtoReflect().IsValid() {
+		// protobuf-go would panic writing into a nil message.
+		return fmt.Errorf("server: unmarshal into a nil %T", v)
+	}
 	m, ok := v.(*rlsv3.RateLimitRequest)
 	if !ok {
 		return c.CodecV2.Unmarshal(data, v)
 	}
 	// One buffer comes back as itself, with no copy; decodeRequest copies
-	// what it keeps, as the buffers are reused once this returns.
+	// the text it keeps, as the buffers are reused once this returns.
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	if decodeRequest(buf.ReadOnlyData(), m) {

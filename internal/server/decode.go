@@ -1,6 +1,7 @@
 package server
 
 import (
+	"strings"
 	"unicode/utf8"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -20,35 +21,42 @@ const (
 )
 
 // decodeRequest reads a RateLimitRequest as protobuf-go would, with far
-// fewer allocations: the message's text copied once (every string a
-// slice of that copy), its descriptors and entries one slab each. It
-// takes what Envoy sends — domain, descriptors of entries, hits_addend at
-// either level, is_negative_hits — and reports false, leaving m
-// unspecified, for anything else (a descriptor's limit override, unknown
-// fields, a field repeated that protobuf would merge, text that is not
-// UTF-8, a malformed message): its caller then hands the message to
-// proto.Unmarshal, which decides it in full.
+// fewer allocations: its descriptors and entries one slab each, its text
+// copied out of b (which gRPC reuses once Unmarshal returns). No string
+// shares memory with the rest of the message, so that keeping one (a
+// stat name, a log line, a span) never keeps a whole request alive: the
+// strings a request keeps share one copy of their own while they total at
+// most compactText bytes, and each has its own above that. It takes what
+// Envoy sends — domain, descriptors of entries, hits_addend at either
+// level, is_negative_hits — and reports false, leaving m unspecified, for
+// anything else (a descriptor's limit override, unknown fields, a field
+// repeated that protobuf would merge, text that is not UTF-8, a malformed
+// message): its caller then hands the message to proto.Unmarshal, which
+// decides it in full.
 func decodeRequest(b []byte, m *rlsv3.RateLimitRequest) bool {
 	ndesc, nent, ok := countRequest(b)
 	if !ok {
 		return false
 	}
 	proto.Reset(m)
-	text := string(b)
 	descs := make([]rlv3.RateLimitDescriptor, ndesc)
 	if ndesc > 0 {
 		m.Descriptors = make([]*rlv3.RateLimitDescriptor, ndesc)
 	}
 	ents := make([]rlv3.RateLimitDescriptor_Entry, nent)
 	entPtrs := make([]*rlv3.RateLimitDescriptor_Entry, nent)
+	var stack [16]textSpan
+	spans := stack[:0]
+	domain := textSpan{dst: &m.Domain}
 	d, e := 0, 0
 	for off := 0; off < len(b); {
 		num, typ, n := protowire.ConsumeTag(b[off:])
 		off += n
 		switch {
 		case num == reqDomain && typ == protowire.BytesType:
+			// The last one wins, as in protobuf.
 			v, n := protowire.ConsumeBytes(b[off:])
-			m.Domain = text[off+n-len(v) : off+n]
+			domain.start, domain.end = off+n-len(v), off+n
 			off += n
 		case num == reqHitsAddend && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b[off:])
@@ -62,20 +70,61 @@ func decodeRequest(b []byte, m *rlsv3.RateLimitRequest) bool {
 			m.Descriptors[d] = desc
 			d++
 			first := e
-			decodeDescriptor(v, base, text, desc, ents, entPtrs, &e)
+			spans = decodeDescriptor(v, base, desc, ents, entPtrs, &e, spans)
 			if e > first {
 				desc.Entries = entPtrs[first:e:e]
 			}
 		}
 	}
+	if domain.end > domain.start {
+		spans = append(spans, domain)
+	}
+	copyText(b, spans)
 	return true
 }
 
-// decodeDescriptor fills desc from v, which starts at base in text and
-// which countDescriptor has checked, taking its entries from ents at *e
-// onwards.
-func decodeDescriptor(v []byte, base int, text string, desc *rlv3.RateLimitDescriptor,
-	ents []rlv3.RateLimitDescriptor_Entry, ptrs []*rlv3.RateLimitDescriptor_Entry, e *int) {
+// compactText is the most text a request's strings share one copy for:
+// what keeping any one of them can keep alive.
+const compactText = 512
+
+// textSpan is a string of the message still to copy: b[start:end] into
+// *dst.
+type textSpan struct {
+	dst        *string
+	start, end int
+}
+
+// copyText gives each span's string its copy: one shared copy while they
+// total at most compactText bytes, else one each.
+func copyText(b []byte, spans []textSpan) {
+	total := 0
+	for _, sp := range spans {
+		total += sp.end - sp.start
+	}
+	if total > compactText {
+		for _, sp := range spans {
+			*sp.dst = string(b[sp.start:sp.end])
+		}
+		return
+	}
+	var sb strings.Builder
+	sb.Grow(total)
+	for _, sp := range spans {
+		sb.Write(b[sp.start:sp.end])
+	}
+	text, pos := sb.String(), 0
+	for _, sp := range spans {
+		n := sp.end - sp.start
+		*sp.dst = text[pos : pos+n]
+		pos += n
+	}
+}
+
+// decodeDescriptor fills desc from v, which starts at base in the
+// message and which countDescriptor has checked, taking its entries from
+// ents at *e onwards; it adds the spans of their text to spans.
+func decodeDescriptor(v []byte, base int, desc *rlv3.RateLimitDescriptor,
+	ents []rlv3.RateLimitDescriptor_Entry, ptrs []*rlv3.RateLimitDescriptor_Entry, e *int, spans []textSpan) []textSpan {
 	for off := 0; off < len(v); {
 		num, _, n := protowire.ConsumeTag(v[off:])
 		off += n
@@ -91,13 +140,12 @@ func decodeDescriptor(v []byte, base int, text string, desc *rlv3.RateLimitDescr
 				enum, _, n := protowire.ConsumeTag(ev[eoff:])
 				eoff += n
 				sv, n := protowire.ConsumeBytes(ev[eoff:])
-				s := text[ebase+eoff+n-len(sv) : ebase+eoff+n]
-				eoff += n
+				sp := textSpan{dst: &ent.Value, start: ebase + eoff + n - len(sv), end: ebase + eoff + n}
 				if enum == entryKey {
-					ent.Key = s
-				} else {
-					ent.Value = s
+					sp.dst = &ent.Key
 				}
+				eoff += n
+				spans = append(spans, sp)
 			}
 		case descHitsAddend:
 			wv, n := protowire.ConsumeBytes(v[off:])
@@ -117,6 +165,7 @@ func decodeDescriptor(v []byte, base int, text string, desc *rlv3.RateLimitDescr
 			desc.IsNegativeHits = x != 0
 		}
 	}
+	return spans
 }
 
 // countRequest walks the whole message once, checking every field as
