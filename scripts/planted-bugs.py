@@ -248,7 +248,7 @@ muts = [
     ("227 hits of a timed-out call counted lost","internal/service/decide.go","\tcase cs.failed && cs.unknown:\n","\tcase false:\n","./internal/service","TestHitsOfUnknownOutcome"),
     ("228 hits of a canceled call counted nowhere","internal/service/decide.go","\t\t\ts.countHits(req.GetDomain(), items, func(*item) string { return HitsUnknown })\n","","./internal/service","TestHitsOfUnknownOutcome"),
     ("229 REDIS_TIMEOUT ignored","internal/envcompat/envcompat.go",'{Name: "REDIS_TIMEOUT", Flag: "redis-timeout"},','{Name: "REDIS_TIMEOUT", Ignore: "bounded by --redis-timeout"},',"./internal/envcompat","TestEnvoyproxy"),
-    ("230 an enumerated flag's value after a space refused","cmd/ratelimitd/settings.go","fs.Parse(joinEnumValues(fs, args))","fs.Parse(args)","./cmd/ratelimitd","TestEnumFlagAfterSpace"),
+    ("230 an enumerated flag's value after a space refused","cmd/ratelimitd/settings.go","\targs = joinEnumValues(fs, args)\n","","./cmd/ratelimitd","TestEnumFlagAfterSpace"),
     ("231 a rule seen charged leaves a fresh counter's quiet requests plain","internal/service/plan.go","\t\tif _, ok := charged.Load(it.rule); ok && it.rule != nil {\n\t\t\treturn limit.CostCheck","\t\tif _, ok := charged.Load(it.rule); false && ok {\n\t\t\treturn limit.CostCheck","./internal/service","TestQuotaPolicyShape"),
     ("232 the mean of a few charges taken as exact","internal/limit/budget.go","float64(st.Avg)*(k+3)/(k+1)/AvgScale","float64(st.Avg)*(k+1)/(k+1)/AvgScale","./internal/limit","TestBudgetChecksInFlight"),
     ("233 the script ends the oldest flight, not the nearest","internal/redisstore/scripts/decide.lua","      if dur > 0 then\n        local target","      if false then\n        local target","./internal/redisstore","TestBudgetMatchesMemstore"),
@@ -279,6 +279,7 @@ muts = [
     ("260 the per-second Sentinel password sent to the sentinels","internal/envcompat/envcompat.go","\t\tif pmode == \"sentinel\" {","\t\tif false {","./cmd/ratelimitd","TestIncumbentRedisAuth/sentinel"),
     ("261 the per-second Redis's ACL user dropped","internal/envcompat/envcompat.go","url.UserPassword(user, pass).String()","url.UserPassword(\"\", pass).String()","./cmd/ratelimitd","TestIncumbentRedisAuth/(single|cluster)/user"),
     ("262 the main Sentinel user left out","internal/envcompat/envcompat.go","\t\t\tu += \"&username=\" + url.QueryEscape(name)","\t\t\t_ = name","./cmd/ratelimitd","TestIncumbentRedisAuth/sentinel/user"),
+    ("263 run as ratelimit, an argument of the incumbent's Deployment stops the start","cmd/ratelimitd/settings.go","\t\targs, s.ignoredArgs = knownArgs(fs, args)","\t\t_, s.ignoredArgs = knownArgs(fs, args)","./cmd/ratelimitd","TestIncumbentArgsIgnored|TestAIGatewayQuotaDeployment"),
     ("255 a call past its deadline still sent","internal/redisstore/batch.go","err := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {","var err error\n\t\tif false {","./internal/redisstore","TestExpiredCallsNotSent"),
     ("256 the Prometheus mapping loses three-part shadow_mode keys","internal/compatstats/default_mapper.yaml","([^\\.]*)(\\..*)?\\.shadow_mode'","([^\\.]*)(\\..*)\\.shadow_mode'","./internal/compatstats","TestDefaultMapper"),
 ]

@@ -62,9 +62,9 @@ type incumbentProc struct {
 }
 
 // runAsIncumbent runs this binary as `ratelimit` in the incumbent's
-// environment (plus vars, which win) until the test ends and returns it
-// once it is healthy.
-func runAsIncumbent(t *testing.T, vars map[string]string) incumbentProc {
+// environment (plus vars, which win), with args, until the test ends and
+// returns it once it is healthy.
+func runAsIncumbent(t *testing.T, vars map[string]string, args ...string) incumbentProc {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -76,7 +76,7 @@ func runAsIncumbent(t *testing.T, vars map[string]string) incumbentProc {
 	}
 	_, httpPort, _ := net.SplitHostPort(freeAddr(t))
 	_, grpcPort, _ := net.SplitHostPort(freeAddr(t))
-	cmd := exec.Command(bin)
+	cmd := exec.Command(bin, args...)
 	cmd.Env = []string{"RATELIMITD_TEST_AS_MAIN=1", "PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(),
 		"HOST=127.0.0.1", "PORT=" + httpPort, "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort, "USE_STATSD=false"}
 	for k, v := range vars {

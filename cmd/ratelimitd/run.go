@@ -67,6 +67,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	for _, v := range s.ignoredEnv {
 		a.log.Warn("--env-compat: variable ignored", "variable", v)
 	}
+	for _, arg := range s.ignoredArgs {
+		a.log.Warn("--env-compat: argument ignored, as envoyproxy/ratelimit ignores every argument (not a ratelimitd flag)",
+			"argument", redisstore.Redact(arg))
+	}
 	for _, start := range []func(context.Context) error{a.startStats, a.loadRules, a.loadIdentities, a.startTracing,
 		a.openStore, a.newService, a.startReloads, a.startAside, a.startRLQS} {
 		if err := start(ctx); err != nil {

@@ -45,6 +45,7 @@ type settings struct {
 	redisPassword     string   // from --env-compat's REDIS_AUTH
 	envCompat         string   // --env-compat
 	ignoredEnv        []string // the compat variables set but ignored, with why
+	ignoredArgs       []string // under --env-compat=envoyproxy, the arguments that are not ratelimitd's
 	redisURLInArgs    bool     // --redis-url came on the command line, visible to ps
 	grpcAddr          string
 	httpAddr          string
@@ -233,7 +234,11 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 	if err := applyEnv(fs, getenv); err != nil {
 		return nil, err
 	}
-	if err := fs.Parse(joinEnumValues(fs, args)); err != nil {
+	args = joinEnumValues(fs, args)
+	if compatFrom(args, getenv) == "envoyproxy" {
+		args, s.ignoredArgs = knownArgs(fs, args)
+	}
+	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
@@ -273,6 +278,46 @@ func joinEnumValues(fs *flag.FlagSet, args []string) []string {
 		out = append(out, a)
 	}
 	return out
+}
+
+// knownArgs splits args into ratelimitd's own flags (with their values)
+// and the rest: envoyproxy/ratelimit reads no arguments at all, so a
+// Deployment written for it may carry any (Envoy AI Gateway's passes
+// --quotaRateLimitServiceAddr=...), and taking its place must not refuse
+// them. An unknown flag without "=" takes the next argument as its value
+// unless that is a flag; after "--" everything is the rest.
+func knownArgs(fs *flag.FlagSet, args []string) (known, ignored []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return known, append(ignored, args[i+1:]...)
+		}
+		name, _, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		f := fs.Lookup(name)
+		switch {
+		case !strings.HasPrefix(a, "-") || a == "-":
+			ignored = append(ignored, a)
+		case f != nil || name == "h" || name == "help":
+			known = append(known, a)
+			if !hasVal && f != nil && !isBoolFlag(f) && i+1 < len(args) {
+				known = append(known, args[i+1])
+				i++
+			}
+		default:
+			ignored = append(ignored, a)
+			if !hasVal && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+				ignored = append(ignored, args[i+1])
+				i++
+			}
+		}
+	}
+	return known, ignored
+}
+
+// isBoolFlag reports a flag that stands bare (--shadow-mode).
+func isBoolFlag(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
 // applyEnvCompat sets the flags another limiter's variables stand for.

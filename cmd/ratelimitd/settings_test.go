@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +119,33 @@ func TestDefaults(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "rejected") {
 			t.Errorf("RATELIMITD_REJECTED_HITS=%s: %v, want the start refused", v, err)
 		}
+	}
+}
+
+// TestIncumbentArgsIgnored: under --env-compat=envoyproxy (the default
+// when run as ratelimit), arguments that are not ratelimitd's — Envoy AI
+// Gateway's --quotaRateLimitServiceAddr=..., an unknown flag and its
+// value, a bare word — are set aside to be listed at startup, never
+// fatal; ratelimitd's own flags keep working around them. Without it, an
+// unknown argument still stops the start.
+func TestIncumbentArgsIgnored(t *testing.T) {
+	compat := func(k string) string {
+		return map[string]string{"RATELIMITD_ENV_COMPAT": "envoyproxy", "RUNTIME_ROOT": "/srv", "RUNTIME_SUBDIRECTORY": "ratelimit"}[k]
+	}
+	args := []string{"--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system", "--shadow-mode",
+		"-unknown", "value", "--log-level", "debug", "word", "--response-headers", "draft11", "--other"}
+	s, err := parseSettings(args, compat, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system", "-unknown", "value", "word", "--other"}
+	if strings.Join(s.ignoredArgs, " ") != strings.Join(want, " ") {
+		t.Errorf("ignored %q, want %q", s.ignoredArgs, want)
+	}
+	if !s.svc.ShadowMode || s.logLevel != slog.LevelDebug || s.responseHeaders.String() != "draft11" {
+		t.Errorf("own flags around the ignored ones: shadow %v, log level %q, headers %s", s.svc.ShadowMode, s.logLevel, s.responseHeaders.String())
+	}
+	if _, err := parseSettings([]string{"--config", "rules.yaml", "--quotaRateLimitServiceAddr=x"}, func(string) string { return "" }, io.Discard); err == nil {
+		t.Error("an unknown flag taken without --env-compat")
 	}
 }
