@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"google.golang.org/protobuf/types/known/structpb"
 	"sort"
 	"strings"
 	"time"
@@ -130,8 +131,10 @@ type Rule struct {
 	ValueToMetric  bool
 	// ShareThreshold makes every value matching a wildcard share one counter.
 	ShareThreshold bool
-	// Metadata is the rule's free-form `metadata` map.
-	Metadata map[string]any
+	// Metadata is the rule's free-form `metadata` map, as the Struct the
+	// response's dynamic metadata returns (--response-dynamic-metadata):
+	// checked at load, so that a request never meets one that cannot be.
+	Metadata *structpb.Struct
 
 	// Path is the stats path: domain, then key or key_value per level,
 	// joined with '.', as envoyproxy/ratelimit names it.

@@ -48,6 +48,8 @@ func TestBadConfigs(t *testing.T) {
 		{"calendar_lease.bad.yaml", []string{":4: descriptors[0].rate_limit.calendar: calendar needs unit month or year"}},
 		{"calendar_rlqs.bad.yaml", []string{":2: rlqs: rule d.k sets calendar: true, and RLQS grants count windows of fixed length"}},
 		{"rejected_hits_unlimited.bad.yaml", []string{":4: descriptors[0].rate_limit.rejected_hits: an unlimited rule counts nothing"}},
+		{"metadata_timestamp.bad.yaml", []string{":6: descriptors[0].metadata: cannot be returned as a protobuf Struct in a response's dynamic metadata", "invalid type: time.Time"}},
+		{"metadata_large.bad.yaml", []string{":6: descriptors[0].metadata: 17018 bytes as a protobuf Struct, more than the 16384 a response may carry"}},
 		{"bad_bool.bad.yaml", []string{`:4: descriptors[0].shadow_mode: want true or false, got str "yes please"`}},
 		{"empty.bad.yaml", []string{"empty.bad.yaml: empty file"}},
 		{"bad_algorithm.bad.yaml", []string{`:7: descriptors[0].rate_limit.algorithm: unknown algorithm "leaky" (want fixed_window, sliding_window or token_bucket)`}},
@@ -151,7 +153,7 @@ func TestGoodConfig(t *testing.T) {
 		t.Errorf("unlimited rule = %+v", unl.Limit)
 	}
 	sh := d.Match(entries("shadow", "v"))
-	if !sh.ShadowMode || !sh.DetailedMetric || sh.Metadata["team"] != "payments" {
+	if !sh.ShadowMode || !sh.DetailedMetric || sh.Metadata.GetFields()["team"].GetStringValue() != "payments" {
 		t.Errorf("shadow rule = %+v", sh)
 	}
 	if fm := d.Match(entries("key2", "x")).FailureMode; fm != FailureDeny {

@@ -42,6 +42,10 @@ const (
 	MaxPathBytes = 16 << 20
 	// MaxMetadataNodes bounds one rule's metadata, aliases expanded.
 	MaxMetadataNodes = 10_000
+	// MaxMetadataBytes bounds one rule's metadata as the protobuf Struct
+	// a response returns: several merged into one answer stay far below
+	// Envoy's and gRPC's message bounds.
+	MaxMetadataBytes = 16 << 10
 	// maxErrors bounds the problems reported per file; the rest are
 	// counted.
 	maxErrors = 50

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 	"io"
 	"math"
 	"slices"
@@ -383,7 +385,17 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 		}
 	}
 	if v, ok := f["metadata"]; ok {
-		r.Metadata = p.metadata(v, path+".metadata")
+		if m := p.metadata(v, path+".metadata"); m != nil {
+			st, err := structpb.NewStruct(m)
+			switch {
+			case err != nil:
+				p.errorf(v, path+".metadata", "cannot be returned as a protobuf Struct in a response's dynamic metadata: %v", err)
+			case proto.Size(st) > MaxMetadataBytes:
+				p.errorf(v, path+".metadata", "%d bytes as a protobuf Struct, more than the %d a response may carry", proto.Size(st), MaxMetadataBytes)
+			default:
+				r.Metadata = st
+			}
+		}
 	}
 	// rate_limit: null is no limit, as a RateLimitConfig without a
 	// policy means (generators write it out).

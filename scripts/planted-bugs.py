@@ -280,6 +280,10 @@ muts = [
     ("261 the per-second Redis's ACL user dropped","internal/envcompat/envcompat.go","url.UserPassword(user, pass).String()","url.UserPassword(\"\", pass).String()","./cmd/ratelimitd","TestIncumbentRedisAuth/(single|cluster)/user"),
     ("262 the main Sentinel user left out","internal/envcompat/envcompat.go","\t\t\tu += \"&username=\" + url.QueryEscape(name)","\t\t\t_ = name","./cmd/ratelimitd","TestIncumbentRedisAuth/sentinel/user"),
     ("263 run as ratelimit, an argument of the incumbent's Deployment stops the start","cmd/ratelimitd/settings.go","\t\targs, s.ignoredArgs = knownArgs(fs, args)","\t\t_, s.ignoredArgs = knownArgs(fs, args)","./cmd/ratelimitd","TestIncumbentArgsIgnored|TestAIGatewayQuotaDeployment"),
+    ("264 rule metadata merged with the last descriptor's value winning","internal/service/respmeta.go","\t\t\t\tif _, ok := merged[k]; !ok {","\t\t\t\tif true {","./cmd/ratelimitd","TestIncumbentDynamicMetadata"),
+    ("265 the metadata of refused descriptors returned","internal/service/respmeta.go"," && statuses[i].GetCode() == rlsv3.RateLimitResponse_OK {"," {","./cmd/ratelimitd","TestIncumbentDynamicMetadata"),
+    ("266 RESPONSE_DYNAMIC_METADATA ignored","internal/envcompat/envcompat.go",'{Name: "RESPONSE_DYNAMIC_METADATA", Flag: "response-dynamic-metadata"},','{Name: "RESPONSE_DYNAMIC_METADATA", Ignore: "x"},',"./cmd/ratelimitd","TestIncumbentDynamicMetadata"),
+    ("267 the decisions replace the incumbent's metadata","internal/service/decide.go","\t\t\tif resp.DynamicMetadata == nil {\n","\t\t\tif true {\n","./internal/service","TestResponseMetadataBesideDecisions"),
     ("255 a call past its deadline still sent","internal/redisstore/batch.go","err := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {","var err error\n\t\tif false {","./internal/redisstore","TestExpiredCallsNotSent"),
     ("256 the Prometheus mapping loses three-part shadow_mode keys","internal/compatstats/default_mapper.yaml","([^\\.]*)(\\..*)?\\.shadow_mode'","([^\\.]*)(\\..*)\\.shadow_mode'","./internal/compatstats","TestDefaultMapper"),
 ]

@@ -214,7 +214,8 @@ func TestRecordedCopies(t *testing.T) {
 	if _, err := os.Stat(shared); err != nil {
 		t.Skipf("no shared recording at %s", shared)
 	}
-	for _, f := range []string{"shapes.yaml", "codes.txt", "statsd.txt", "prometheus.txt"} {
+	for _, f := range []string{"shapes.yaml", "codes.txt", "statsd.txt", "prometheus.txt",
+		"dynamic-metadata/README.md", "dynamic-metadata/meta.yaml", "dynamic-metadata/calls.txt", "dynamic-metadata/recording.txt"} {
 		a, err1 := os.ReadFile(filepath.Join(shared, f))
 		b, err2 := os.ReadFile(filepath.Join(recordedDir, f))
 		if err1 != nil || err2 != nil || !bytes.Equal(a, b) {

@@ -76,7 +76,7 @@ var Settings = []Setting{
 	{Name: "LIMIT_RESET_HEADER", Flag: "response-header-reset"},
 	{Name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Ignore: "a rejected request never consumes, always; a usage charge (hits stated at stream end, rejected_hits: usage) is recorded whatever the answer"},
 	{Name: "EXPIRATION_JITTER_MAX_SECONDS", Ignore: "keys expire at their window's end, set in the same script"},
-	{Name: "RESPONSE_DYNAMIC_METADATA", Ignore: "rule metadata is not returned; --decision-metadata explains decisions"},
+	{Name: "RESPONSE_DYNAMIC_METADATA", Flag: "response-dynamic-metadata"},
 	{Name: "RUNTIME_WATCH_ROOT", Ignore: "the rules directory is watched for every kind of change"},
 	{Name: "RUNTIME_IGNOREDOTFILES", Ignore: "dot files are always skipped"},
 	{Name: "EXTRA_TAGS", Flag: "statsd-tags"},

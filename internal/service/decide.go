@@ -79,7 +79,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 			return nil, err
 		}
 	}
-	resp := s.respond(req.GetDomain(), descs, items, checks, states)
+	resp := s.respond(req, descs, items, checks, states)
 	if span := s.span(ctx); span.IsRecording() {
 		span.SetAttributes(attribute.String("ratelimit.domain", req.GetDomain()),
 			attribute.Int("ratelimit.descriptors", len(descs)), attribute.Int("ratelimit.counters", len(checks)),
@@ -354,7 +354,8 @@ func newResponse(n int) (*rlsv3.RateLimitResponse, []*rlsv3.RateLimitResponse_De
 
 // respond builds the response from the decided items and counts each
 // decision.
-func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, items []item, checks []limit.Check, states []checkState) *rlsv3.RateLimitResponse {
+func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []*rlcommon.RateLimitDescriptor, items []item, checks []limit.Check, states []checkState) *rlsv3.RateLimitResponse {
+	domain := req.GetDomain()
 	now := s.now()
 	compat := s.compatRules.Load()
 	resp, statuses, slab := newResponse(len(items))
@@ -488,10 +489,15 @@ func (s *Service) respond(domain string, descs []*rlcommon.RateLimitDescriptor, 
 	if s.opts.ResponseHeaders != HeadersOff {
 		resp.ResponseHeadersToAdd = headers(s.opts.ResponseHeaders, s.opts.HeaderNames, items, statuses, states)
 	}
+	if s.opts.ResponseMetadata {
+		resp.DynamicMetadata = incumbentMetadata(req, items, statuses)
+	}
 	if reasons != nil {
-		md, err := structpb.NewStruct(map[string]any{"decisions": reasons})
-		if err == nil {
-			resp.DynamicMetadata = md
+		if list, err := structpb.NewList(reasons); err == nil {
+			if resp.DynamicMetadata == nil {
+				resp.DynamicMetadata = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+			}
+			resp.DynamicMetadata.Fields["decisions"] = structpb.NewListValue(list)
 		}
 	}
 	return resp

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -109,4 +110,28 @@ func TestHitsMetricClasses(t *testing.T) {
 			t.Fatalf("rps after a refused request and one admitted: %d left, want 99", left)
 		}
 	})
+}
+
+// TestResponseMetadataBesideDecisions: --response-dynamic-metadata and
+// --decision-metadata share one dynamic_metadata Struct: the incumbent's
+// fields and "decisions" side by side, neither lost.
+func TestResponseMetadataBesideDecisions(t *testing.T) {
+	snap := parseRules(t, `
+domain: ai
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 10}
+    metadata: {backend: primary}
+`)
+	for _, both := range []bool{false, true} {
+		s := service.New(snap, memstore.New(memstore.Options{}), nil, service.Options{ResponseMetadata: true, DecisionMetadata: both})
+		md := call(t, s, aiRequest(desc("user", "u"))).GetDynamicMetadata().GetFields()
+		if md["domain"].GetStringValue() != "ai" || md["metadata"].GetStructValue().GetFields()["backend"].GetStringValue() != "primary" ||
+			md["descriptors"].GetListValue().GetValues()[0].GetStructValue().GetFields()["entries"].GetListValue().GetValues()[0].GetStringValue() != "user=u" {
+			t.Fatalf("decisions %v: the incumbent's fields %v", both, md)
+		}
+		if _, ok := md["decisions"]; ok != both {
+			t.Fatalf("decisions %v: %v", both, md)
+		}
+	}
 }

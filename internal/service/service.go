@@ -97,6 +97,11 @@ type Options struct {
 	// one entry per descriptor in request order. Envoy stores it under
 	// the filter's metadata namespace, for access logs.
 	DecisionMetadata bool
+	// ResponseMetadata returns envoyproxy/ratelimit's
+	// RESPONSE_DYNAMIC_METADATA answer in the response's dynamic_metadata
+	// (see incumbentMetadata); beside DecisionMetadata's "decisions" in
+	// the same Struct, whose fields it does not share.
+	ResponseMetadata bool
 	// DetailedMetricCap bounds the distinct request values each
 	// detailed_metric rule adds to metric labels. Zero means
 	// DefaultDetailedMetricCap.
