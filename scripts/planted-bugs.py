@@ -284,6 +284,9 @@ muts = [
     ("265 the metadata of refused descriptors returned","internal/service/respmeta.go"," && statuses[i].GetCode() == rlsv3.RateLimitResponse_OK {"," {","./cmd/ratelimitd","TestIncumbentDynamicMetadata"),
     ("266 RESPONSE_DYNAMIC_METADATA ignored","internal/envcompat/envcompat.go",'{Name: "RESPONSE_DYNAMIC_METADATA", Flag: "response-dynamic-metadata"},','{Name: "RESPONSE_DYNAMIC_METADATA", Ignore: "x"},',"./cmd/ratelimitd","TestIncumbentDynamicMetadata"),
     ("267 the decisions replace the incumbent's metadata","internal/service/decide.go","\t\t\tif resp.DynamicMetadata == nil {\n","\t\t\tif true {\n","./internal/service","TestResponseMetadataBesideDecisions"),
+    ("268 --carry-incumbent-counts not passed to the store","cmd/ratelimitd/settings.go","\ts.redis.CarryIncumbent = s.svc.CarryIncumbent\n","","./cmd/ratelimitd","TestCarryIncumbentCountsOnSwap"),
+    ("269 a counter started again from the incumbent's count within its window","internal/redisstore/scripts/seed.lua","  if we and tonumber(we) == e then","  if false then","./internal/redisstore","TestCarryIncumbentCounts"),
+    ("270 an incumbent key of another type stops the carrying","internal/redisstore/scripts/seed.lua","local ok, v = pcall(redis.call, 'GET',","local ok, v = true, redis.call('GET',","./internal/redisstore","TestCarryIncumbentCounts"),
     ("255 a call past its deadline still sent","internal/redisstore/batch.go","err := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {","var err error\n\t\tif false {","./internal/redisstore","TestExpiredCallsNotSent"),
     ("256 the Prometheus mapping loses three-part shadow_mode keys","internal/compatstats/default_mapper.yaml","([^\\.]*)(\\..*)?\\.shadow_mode'","([^\\.]*)(\\..*)\\.shadow_mode'","./internal/compatstats","TestDefaultMapper"),
 ]

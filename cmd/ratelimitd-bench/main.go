@@ -89,12 +89,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	var o options
 	var f fleetOptions
 	var b budgetOptions
+	var ro rollingOptions
 	var fleet, pids string
-	var budget bool
+	var budget, rolling bool
 	fs := flag.NewFlagSet("ratelimitd-bench", flag.ContinueOnError)
 	loadFlags(fs, &o)
 	fleetFlags(fs, &f, &fleet, &pids)
 	budgetFlags(fs, &b, &budget)
+	rollingFlags(fs, &ro, &rolling)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -125,6 +127,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if budget {
 		return runBudget(ctx, &o, &b, clients, out)
+	}
+	if rolling {
+		return runRolling(ctx, &o, &ro, clients[0], out)
 	}
 	r, err := measure(ctx, &o, clients)
 	if err != nil {

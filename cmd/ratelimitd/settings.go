@@ -132,6 +132,7 @@ func xdsFlags(fs *flag.FlagSet, s *settings) {
 func redisFlags(fs *flag.FlagSet, s *settings) {
 	fs.StringVar(&s.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://); empty: the embedded in-memory store, limits per process")
 	fs.StringVar(&s.redisPerSecondURL, "redis-persecond-url", "", "a second Redis for the counters of one-second windows (envoyproxy/ratelimit's REDIS_PERSECOND), with --redis-url's mode, TLS files and timeouts; a request spanning both stays all or nothing")
+	fs.BoolVar(&s.svc.CarryIncumbent, "carry-incumbent-counts", false, "start each fixed-window counter from envoyproxy/ratelimit's count of the same descriptor and window (its key: <--key-prefix><domain>_<key>_<value>_..._<window start>) the first time this instance writes it in a window, so that a swap or a rolling update does not hand out a fresh budget; single or Sentinel Redis only (see docs/migrating.md)")
 	fs.StringVar(&s.redisPassFile, "redis-password-file", "", "file holding Redis's password (instead of one in --redis-url, which ps shows); a trailing newline is ignored")
 	fs.StringVar(&s.redis.Mode, "redis-mode", "", "single, sentinel or cluster (default: sentinel when --redis-url has master_name, else single)")
 	fs.StringVar(&s.redisTLSCA, "redis-tls-ca", "", "PEM file of the CA that signs Redis's certificate (with a rediss:// URL)")
@@ -365,6 +366,7 @@ func (s *settings) finish() {
 	s.stats.opts.Tags, s.stats.opts.NearLimitRatio = s.stats.tags, s.svc.NearLimitRatio
 	s.stats.opts.Prometheus = s.stats.compatAddr != ""
 	s.redis.URL = s.redisURL
+	s.redis.CarryIncumbent = s.svc.CarryIncumbent
 }
 
 // flagOf names each component option a flag sets, for their errors.
@@ -423,6 +425,10 @@ func (s *settings) validateRedis() error {
 		return errors.New("--redis-mode, --redis-password-file, --redis-persecond-url and --redis-tls-* need --redis-url")
 	case (s.redisTLSCert == "") != (s.redisTLSKey == ""):
 		return errors.New("--redis-tls-cert and --redis-tls-key go together")
+	case s.svc.CarryIncumbent && s.redisURL == "":
+		return errors.New("--carry-incumbent-counts needs --redis-url: the incumbent's counts are in its Redis")
+	case s.svc.CarryIncumbent && s.redis.Mode == redisstore.ModeCluster:
+		return errors.New("--carry-incumbent-counts needs a single or Sentinel Redis: on Cluster the incumbent's keys live in other slots than ratelimitd's")
 	case (s.redisTLSCA != "" || s.redisTLSCert != "") && (!strings.HasPrefix(s.redisURL, "rediss://") ||
 		s.redisPerSecondURL != "" && !strings.HasPrefix(s.redisPerSecondURL, "rediss://")):
 		return errors.New("--redis-tls-* need rediss:// Redis URLs")

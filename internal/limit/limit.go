@@ -65,6 +65,12 @@ type Check struct {
 	// (--usage-timeout): the ceiling of the horizon learned from how long
 	// streams last (see [State.DurMS]).
 	FlightS int64
+	// Incumbent is envoyproxy/ratelimit's key of this counter without
+	// its window start (<CACHE_KEY_PREFIX><domain>_<k1>_<v1>_..._), set
+	// on fixed windows under --carry-incumbent-counts: a store that can
+	// starts the counter from the incumbent's count the first time it
+	// writes it in a window. Empty: nothing to carry.
+	Incumbent string
 	// Calendar makes a fixed window a calendar period: the UTC month or
 	// year holding now. WindowUS is then the longest such period
 	// (CalendarMonthUS or CalendarYearUS), for keys and TTLs.

@@ -34,6 +34,7 @@ type Metrics struct {
 	RedisDuration     prometheus.Histogram
 	RedisErrors       *prometheus.CounterVec
 	ScriptReloads     prometheus.Counter
+	IncumbentCounts   *prometheus.CounterVec
 	BatchSize         prometheus.Histogram
 	BreakerOpen       prometheus.Gauge
 	BreakerTrips      prometheus.Counter
@@ -110,6 +111,10 @@ func New(version string) *Metrics {
 			Name: "ratelimitd_redis_script_reloads_total",
 			Help: "Times Redis had lost the script (NOSCRIPT) and it was sent again.",
 		}),
+		IncumbentCounts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_incumbent_counts_total",
+			Help: "Counters started from envoyproxy/ratelimit's count (--carry-incumbent-counts) by result: carried, or not_a_count (its key held something else: ignored).",
+		}, []string{"result"}),
 		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ratelimitd_redis_batch_size",
 			Help:    "Requests decided together in one script call (one round trip).",
@@ -202,7 +207,7 @@ func New(version string) *Metrics {
 	}, []string{"version", "goversion"})
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Decisions, m.Hits, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.ShadowRequests, m.RequestDuration,
-		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
+		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.IncumbentCounts, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
 		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, m.XDSConnected,
 		m.LeaseDecisions, m.LeaseGrants, m.LeaseHits, m.LeaseRefills, m.StatsSinkErrors, m.SpansDropped,
 		m.RLQSStreams, m.RLQSBuckets, m.RLQSAssignments, m.RLQSGrants, m.RLQSGrantHits, m.RLQSRejected, buildInfo)
@@ -293,6 +298,14 @@ func (m *Metrics) UnknownDomainRequest() {
 func (m *Metrics) ScriptReload() {
 	if m != nil {
 		m.ScriptReloads.Inc()
+	}
+}
+
+// IncumbentCount counts a counter started from envoyproxy/ratelimit's
+// count, or an incumbent key ignored (result not_a_count).
+func (m *Metrics) IncumbentCount(result string) {
+	if m != nil {
+		m.IncumbentCounts.WithLabelValues(result).Inc()
 	}
 }
 

@@ -77,6 +77,11 @@ type Options struct {
 	// PolicyCheckEvery is how often maxmemory-policy is read. Zero means
 	// DefaultPolicyCheckEvery.
 	PolicyCheckEvery time.Duration
+	// CarryIncumbent starts a fixed-window counter from
+	// envoyproxy/ratelimit's count (limit.Check.Incumbent) the first time
+	// this store writes it in a window (see carry.go). Not on Cluster,
+	// where the incumbent's keys live in other slots.
+	CarryIncumbent bool
 	// Metrics receives call latencies, error classes, breaker state and
 	// the maxmemory policy. Nil records nothing.
 	Metrics *metrics.Metrics
@@ -129,12 +134,17 @@ type Store struct {
 	script  *redis.Script
 	// grantScript takes and gives back lease hits (scripts/grant.lua).
 	grantScript *redis.Script
-	timeout     time.Duration
-	now         func() time.Time
-	m           *metrics.Metrics
-	log         *slog.Logger
-	breaker     *breaker
-	tracer      trace.Tracer // nil: no spans
+	// seedScript starts counters from the incumbent's counts
+	// (scripts/seed.lua) when carry is set; seeded remembers which.
+	seedScript *redis.Script
+	carry      bool
+	seeded     seeded
+	timeout    time.Duration
+	now        func() time.Time
+	m          *metrics.Metrics
+	log        *slog.Logger
+	breaker    *breaker
+	tracer     trace.Tracer // nil: no spans
 
 	// Batching: dispatchers per batcher (negative: off); single is the
 	// one batcher of single and sentinel modes, nodes those of Cluster's
@@ -173,9 +183,17 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: %w", err)
 	}
+	seedSrc, err := scriptFS.ReadFile("scripts/seed.lua")
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: %w", err)
+	}
+	if opts.CarryIncumbent && mode == ModeCluster {
+		return nil, errors.New("redisstore: carrying envoyproxy/ratelimit's counts needs a single or Sentinel Redis: on Cluster its keys live in other slots than ratelimitd's")
+	}
 	s := &Store{
 		client: client, cluster: cluster, mode: mode,
 		script: redis.NewScript(string(src)), grantScript: redis.NewScript(string(grantSrc)), timeout: timeout,
+		seedScript: redis.NewScript(string(seedSrc)), carry: opts.CarryIncumbent,
 		now: opts.ScriptTime, m: opts.Metrics, log: opts.Logger, tracer: opts.Tracer, done: make(chan struct{}), nodeIdle: nodeIdle,
 	}
 	if s.log == nil {
@@ -272,6 +290,9 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 				return s.leases.evaluate(ctx, checks)
 			}
 		}
+	}
+	if s.carry {
+		s.seed(ctx, checks)
 	}
 	return s.evaluateExact(ctx, checks)
 }

@@ -2,6 +2,7 @@ package service
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -208,6 +209,35 @@ func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon
 		enc.Entry(e.GetKey(), v)
 	}
 	return enc.KeyFor(it.algo, it.windowUS)
+}
+
+// incumbentKey is envoyproxy/ratelimit's key of a counted item without its
+// window start: <prefix><domain>_<k1>_<v1>_..._ (docs/migrating.md,
+// "Switching without losing counts"), share_threshold's wildcard pattern
+// standing for the value, as the incumbent writes it.
+func (s *Service) incumbentKey(domain string, ents []*rlcommon.RateLimitDescriptor_Entry, it *item) string {
+	var levels []*config.Rule
+	for r := it.rule; r != nil; r = r.Parent() {
+		if r.ShareThreshold {
+			levels = it.rule.Levels(len(ents))
+			break
+		}
+	}
+	var b strings.Builder
+	b.WriteString(s.opts.KeyPrefix)
+	b.WriteString(domain)
+	b.WriteByte('_')
+	for j, e := range ents {
+		v := e.GetValue()
+		if levels != nil && levels[j] != nil && levels[j].ShareThreshold {
+			v = levels[j].Value
+		}
+		b.WriteString(e.GetKey())
+		b.WriteByte('_')
+		b.WriteString(v)
+		b.WriteByte('_')
+	}
+	return b.String()
 }
 
 // classify tells each usage call of a request what it is, from what

@@ -97,6 +97,11 @@ type Options struct {
 	// one entry per descriptor in request order. Envoy stores it under
 	// the filter's metadata namespace, for access logs.
 	DecisionMetadata bool
+	// CarryIncumbent gives each fixed-window counter (not a calendar
+	// period, a unit_multiplier or a lease) envoyproxy/ratelimit's key for
+	// it (limit.Check.Incumbent), so that the store starts it from the
+	// incumbent's count (--carry-incumbent-counts).
+	CarryIncumbent bool
 	// ResponseMetadata returns envoyproxy/ratelimit's
 	// RESPONSE_DYNAMIC_METADATA answer in the response's dynamic_metadata
 	// (see incumbentMetadata); beside DecisionMetadata's "decisions" in
