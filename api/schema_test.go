@@ -24,6 +24,8 @@ var semanticOnly = map[string]string{
 	"replaces_self.bad.yaml":      "a limit replacing its own name",
 	"rejected_hits_rlqs.bad.yaml": "a usage budget in a domain with rlqs: a rule's field against the domain's",
 	"calendar_rlqs.bad.yaml":      "a calendar period in a domain with rlqs: a rule's field against the domain's",
+	"metadata_timestamp.bad.yaml": "a YAML timestamp in metadata, which a JSON view of the file reads as a string",
+	"metadata_large.bad.yaml":     "metadata over 16 KiB as a protobuf Struct: a size the schema does not measure",
 }
 
 func compile(t *testing.T) *jsonschema.Schema {

@@ -283,7 +283,7 @@ muts = [
     ("264 rule metadata merged with the last descriptor's value winning","internal/service/respmeta.go","\t\t\t\tif _, ok := merged[k]; !ok {","\t\t\t\tif true {","./cmd/ratelimitd","TestIncumbentDynamicMetadata"),
     ("265 the metadata of refused descriptors returned","internal/service/respmeta.go"," && statuses[i].GetCode() == rlsv3.RateLimitResponse_OK {"," {","./cmd/ratelimitd","TestIncumbentDynamicMetadata"),
     ("266 RESPONSE_DYNAMIC_METADATA ignored","internal/envcompat/envcompat.go",'{Name: "RESPONSE_DYNAMIC_METADATA", Flag: "response-dynamic-metadata"},','{Name: "RESPONSE_DYNAMIC_METADATA", Ignore: "x"},',"./cmd/ratelimitd","TestIncumbentDynamicMetadata"),
-    ("267 the decisions replace the incumbent's metadata","internal/service/decide.go","\t\t\tif resp.DynamicMetadata == nil {\n","\t\t\tif true {\n","./internal/service","TestResponseMetadataBesideDecisions"),
+    ("267 the decisions replace the incumbent's metadata","internal/service/respmeta.go","\t\t\tif md == nil {\n","\t\t\tif true {\n","./internal/service","TestResponseMetadataBesideDecisions"),
     ("268 --carry-incumbent-counts not passed to the store","cmd/ratelimitd/settings.go","\ts.redis.CarryIncumbent = s.svc.CarryIncumbent\n","","./cmd/ratelimitd","TestCarryIncumbentCountsOnSwap"),
     ("269 a counter started again from the incumbent's count within its window","internal/redisstore/scripts/seed.lua","  if we and tonumber(we) == e then","  if false then","./internal/redisstore","TestCarryIncumbentCounts"),
     ("270 an incumbent key of another type stops the carrying","internal/redisstore/scripts/seed.lua","local ok, v = pcall(redis.call, 'GET',","local ok, v = true, redis.call('GET',","./internal/redisstore","TestCarryIncumbentCounts"),

@@ -91,36 +91,59 @@ func runRolling(ctx context.Context, o *options, r *rollingOptions, client rlsv3
 				}
 				w := window(at)
 				w.offered.Add(1)
-				if rand.Float64() >= share(at) {
-					// The incumbent's commands for one hit (its reference:
-					// INCRBY, then EXPIRE of the unit, pipelined), over
-					// when the count passes the limit.
-					key := fmt.Sprintf("%srolling_user_u_%d", r.prefix, at.Unix()/60*60)
-					var incr *redis.IntCmd
-					_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-						incr = p.IncrBy(ctx, key, 1)
-						p.Expire(ctx, key, time.Minute)
-						return nil
-					})
-					if err != nil {
-						errs.Add(1)
-					} else if incr.Val() <= r.limit {
-						w.incumbent.Add(1)
-					}
-					continue
-				}
-				resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "rolling",
-					Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "user", Value: "u"}}}}})
+				admitted, err := rollingCall(ctx, r, rdb, client, at, rand.Float64() >= share(at))
 				switch {
 				case err != nil:
 					errs.Add(1)
-				case resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
+				case admitted == sideIncumbent:
+					w.incumbent.Add(1)
+				case admitted == sideRatelimitd:
 					w.ratelimitd.Add(1)
 				}
 			}
 		})
 	}
 	wg.Wait()
+	reportRolling(out, r, o, start, windows)
+	fmt.Fprintf(out, "errors: %d\n", errs.Load())
+	return nil
+}
+
+// The side that admitted a request of the rolling update, if any.
+const (
+	sideNone = iota
+	sideIncumbent
+	sideRatelimitd
+)
+
+// rollingCall sends one request of the rolling update sent at at: to an
+// emulated incumbent pod (the commands its reference shows for a hit,
+// INCRBY and EXPIRE of its key, pipelined; over when the count passes the
+// limit) or to ratelimitd. It returns the side that admitted it.
+func rollingCall(ctx context.Context, r *rollingOptions, rdb *redis.Client, client rlsv3.RateLimitServiceClient, at time.Time, incumbent bool) (int, error) {
+	if incumbent {
+		key := fmt.Sprintf("%srolling_user_u_%d", r.prefix, at.Unix()/60*60)
+		var incr *redis.IntCmd
+		_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			incr = p.IncrBy(ctx, key, 1)
+			p.Expire(ctx, key, time.Minute)
+			return nil
+		})
+		if err != nil || incr.Val() > r.limit {
+			return sideNone, err
+		}
+		return sideIncumbent, nil
+	}
+	resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "rolling",
+		Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "user", Value: "u"}}}}})
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		return sideNone, err
+	}
+	return sideRatelimitd, nil
+}
+
+// reportRolling prints what each minute admitted, by side.
+func reportRolling(out io.Writer, r *rollingOptions, o *options, start time.Time, windows map[int64]*rollingWindow) {
 	var mins []int64
 	for m := range windows {
 		mins = append(mins, m)
@@ -137,6 +160,4 @@ func runRolling(ctx context.Context, o *options, r *rollingOptions, client rlsv3
 		fmt.Fprintf(out, "minute %s (%s): offered %d, admitted %d = %.3fx the limit (incumbent %d, ratelimitd %d)\n",
 			time.Unix(m*60, 0).UTC().Format("15:04"), tag, w.offered.Load(), inc+rl, float64(inc+rl)/float64(r.limit), inc, rl)
 	}
-	fmt.Fprintf(out, "errors: %d\n", errs.Load())
-	return nil
 }

@@ -425,13 +425,21 @@ func (s *settings) validateRedis() error {
 		return errors.New("--redis-mode, --redis-password-file, --redis-persecond-url and --redis-tls-* need --redis-url")
 	case (s.redisTLSCert == "") != (s.redisTLSKey == ""):
 		return errors.New("--redis-tls-cert and --redis-tls-key go together")
+	case (s.redisTLSCA != "" || s.redisTLSCert != "") && (!strings.HasPrefix(s.redisURL, "rediss://") ||
+		s.redisPerSecondURL != "" && !strings.HasPrefix(s.redisPerSecondURL, "rediss://")):
+		return errors.New("--redis-tls-* need rediss:// Redis URLs")
+	}
+	return s.validateCarry()
+}
+
+// validateCarry refuses --carry-incumbent-counts where there are no
+// incumbent counts to read in one script.
+func (s *settings) validateCarry() error {
+	switch {
 	case s.svc.CarryIncumbent && s.redisURL == "":
 		return errors.New("--carry-incumbent-counts needs --redis-url: the incumbent's counts are in its Redis")
 	case s.svc.CarryIncumbent && s.redis.Mode == redisstore.ModeCluster:
 		return errors.New("--carry-incumbent-counts needs a single or Sentinel Redis: on Cluster the incumbent's keys live in other slots than ratelimitd's")
-	case (s.redisTLSCA != "" || s.redisTLSCert != "") && (!strings.HasPrefix(s.redisURL, "rediss://") ||
-		s.redisPerSecondURL != "" && !strings.HasPrefix(s.redisPerSecondURL, "rediss://")):
-		return errors.New("--redis-tls-* need rediss:// Redis URLs")
 	}
 	return nil
 }

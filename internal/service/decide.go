@@ -15,7 +15,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/config"
@@ -492,17 +491,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []*rlcommon.RateLim
 	if s.opts.ResponseHeaders != HeadersOff {
 		resp.ResponseHeadersToAdd = headers(s.opts.ResponseHeaders, s.opts.HeaderNames, items, statuses, states)
 	}
-	if s.opts.ResponseMetadata {
-		resp.DynamicMetadata = incumbentMetadata(req, items, statuses)
-	}
-	if reasons != nil {
-		if list, err := structpb.NewList(reasons); err == nil {
-			if resp.DynamicMetadata == nil {
-				resp.DynamicMetadata = &structpb.Struct{Fields: map[string]*structpb.Value{}}
-			}
-			resp.DynamicMetadata.Fields["decisions"] = structpb.NewListValue(list)
-		}
-	}
+	resp.DynamicMetadata = s.dynamicMetadata(req, items, statuses, reasons)
 	return resp
 }
 

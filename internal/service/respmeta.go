@@ -6,6 +6,25 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
+// dynamicMetadata is a response's dynamic_metadata: the incumbent's
+// fields (ResponseMetadata) and the decisions (DecisionMetadata, reasons)
+// side by side, or nil.
+func (s *Service) dynamicMetadata(req *rlsv3.RateLimitRequest, items []item, statuses []*rlsv3.RateLimitResponse_DescriptorStatus, reasons []any) *structpb.Struct {
+	var md *structpb.Struct
+	if s.opts.ResponseMetadata {
+		md = incumbentMetadata(req, items, statuses)
+	}
+	if reasons != nil {
+		if list, err := structpb.NewList(reasons); err == nil {
+			if md == nil {
+				md = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+			}
+			md.Fields["decisions"] = structpb.NewListValue(list)
+		}
+	}
+	return md
+}
+
 // incumbentMetadata is envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA
 // answer, as its recording shows it (docs/migrating.md):
 //
