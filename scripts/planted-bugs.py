@@ -287,6 +287,7 @@ muts = [
     ("268 --carry-incumbent-counts not passed to the store","cmd/ratelimitd/settings.go","\ts.redis.CarryIncumbent = s.svc.CarryIncumbent\n","","./cmd/ratelimitd","TestCarryIncumbentCountsOnSwap"),
     ("269 a counter started again from the incumbent's count within its window","internal/redisstore/scripts/seed.lua","  if we and tonumber(we) == e then","  if false then","./internal/redisstore","TestCarryIncumbentCounts"),
     ("270 an incumbent key of another type stops the carrying","internal/redisstore/scripts/seed.lua","local ok, v = pcall(redis.call, 'GET',","local ok, v = true, redis.call('GET',","./internal/redisstore","TestCarryIncumbentCounts"),
+    ("271 a rules bomb taken at hot reload","config/limits.go","return 1 + items + 2*pairs","return 0","./cmd/ratelimitd","TestHotReloadBombs"),
     ("255 a call past its deadline still sent","internal/redisstore/batch.go","err := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {","var err error\n\t\tif false {","./internal/redisstore","TestExpiredCallsNotSent"),
     ("256 the Prometheus mapping loses three-part shadow_mode keys","internal/compatstats/default_mapper.yaml","([^\\.]*)(\\..*)?\\.shadow_mode'","([^\\.]*)(\\..*)\\.shadow_mode'","./internal/compatstats","TestDefaultMapper"),
 ]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: gofmt, go vet, the alerts' unit tests
 # (promtool), the Go tests with the race detector, then the resource and
-# timing bounds without it (STARVE=1: with every core kept busy by another
-# process throughout). The tests start (and stop) their own
+# timing bounds without it (STARVE=N: with N other processes a core kept
+# busy throughout). The tests start (and stop) their own
 # redis-server processes on free loopback ports and never touch any other
 # Redis.
 set -euo pipefail
@@ -18,11 +18,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-# STARVE=1 keeps every core busy with another process for the whole run,
-# as on a shared CI machine or a throttled node: the suite must pass so.
-if [ "${STARVE:-}" = 1 ]; then
+# STARVE=N keeps every core busy with N other processes for the whole
+# run (STARVE=1: one a core), as on a shared CI machine or a throttled
+# node: the suite must pass so.
+if [ -n "${STARVE:-}" ] && [ "${STARVE}" != 0 ]; then
 	starvers=()
-	for _ in $(seq "$(nproc)"); do
+	for _ in $(seq $(( $(nproc) * STARVE ))); do
 		sh -c 'while :; do :; done' &
 		starvers+=($!)
 	done
