@@ -91,7 +91,6 @@ type reservation struct {
 // Redis in one call, and the reservations are kept only if Redis admits:
 // all or nothing across both.
 func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
-	now := l.now()
 	results := make([]limit.Result, len(checks))
 	var res []reservation
 	// What Redis decides: the checks without lease, and what the grants
@@ -107,6 +106,10 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 	short, cold := false, false
 
 	l.mu.Lock()
+	// The clock is read once the lock is held: a request that waited for
+	// it (or was paused before) while its window ended must not use the
+	// ended window's grant.
+	now := l.now()
 	for i := range checks {
 		c := &checks[i]
 		if !c.Lease || c.NoVeto || c.Hits == 0 {

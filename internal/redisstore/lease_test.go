@@ -505,3 +505,48 @@ func TestLeaseColdCounter(t *testing.T) {
 		t.Errorf("Redis holds %q, want the 10 hits", got)
 	}
 }
+
+// TestLeaseClockReadUnderLock: a request paused after it arrives and
+// before it decides (here, waiting for the leases' lock while its window
+// ends) decides on the clock when it decides: a grant of the window that
+// ended is not used for it, and the new window admits exactly its limit,
+// that request included. (A clock read before the wait used the old
+// window's grant: 1,001.)
+func TestLeaseClockReadUnderLock(t *testing.T) {
+	srv := redistest.Start(t)
+	s, _, clock := scriptedLeases(t, srv, time.Now().Truncate(time.Hour).Add(time.Hour).UnixMicro()) // a window start
+	c := limit.Check{Key: "paused", Limit: 1000, WindowUS: 1e6, Hits: 1, Lease: true}
+	ask := func() bool {
+		r, err := s.Evaluate(context.Background(), []limit.Check{c})
+		if err != nil {
+			t.Error(err)
+			return false
+		}
+		return !r[0].Over
+	}
+	ask() // the counter is known
+	s.leases.entries[c.Key].rate = 2000
+	clock.Add(900e3)
+	s.leases.pass(false)
+	if held := s.leases.entries[c.Key].avail; held < 2 {
+		t.Fatalf("no grant taken: %d held", held)
+	}
+	s.leases.mu.Lock()
+	paused := make(chan bool)
+	go func() { paused <- ask() }()
+	time.Sleep(200 * time.Millisecond) // it arrives, and waits for the lock
+	clock.Add(100e3)                   // the next window
+	s.leases.mu.Unlock()
+	n := 0
+	if <-paused {
+		n++
+	}
+	for range 1500 {
+		if ask() {
+			n++
+		}
+	}
+	if n != 1000 {
+		t.Errorf("the next window admitted %d, the paused request included; want exactly its 1000", n)
+	}
+}
