@@ -251,15 +251,16 @@ func TestCheckConfigStopsOnSignal(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		// Signal once it is parsing (it has used 200 ms of CPU, which
-		// it does only after installing its handler): a fixed sleep
-		// signalled a process still starting on a busy machine, which
-		// then died of the signal as any process would.
-		for deadline := time.Now().Add(20 * time.Second); cpuMS(t, cmd.Process.Pid) < 200; {
+		// Signal once it reads the rules (a file's worth of bytes read,
+		// which happens only after main installed its handler): a fixed
+		// sleep, or CPU used, signalled a process still starting on a
+		// busy machine or under the race detector, which then died of the
+		// signal as any process would.
+		for deadline := time.Now().Add(20 * time.Second); readBytes(t, cmd.Process.Pid) < int64(len(body)); {
 			if time.Now().After(deadline) {
-				t.Fatalf("%v: check-config used no CPU for 20 s", sig)
+				t.Fatalf("%v: check-config read no rules for 20 s", sig)
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond)
 		}
 		sent := time.Now()
 		if err := cmd.Process.Signal(sig); err != nil {
@@ -349,17 +350,19 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	}
 }
 
-// cpuMS is the CPU time a process has used (user and system), in ms.
-func cpuMS(t *testing.T, pid int) int {
+// readBytes is what a process has read through read calls (rchar of
+// /proc/PID/io).
+func readBytes(t *testing.T, pid int) int64 {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/io")
 	if err != nil {
 		t.Skip("no /proc:", err)
 	}
-	// The fields after the command name's closing parenthesis: utime and
-	// stime are the 12th and 13th, in clock ticks of 10 ms.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	utime, _ := strconv.Atoi(f[11])
-	stime, _ := strconv.Atoi(f[12])
-	return (utime + stime) * 10
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "rchar:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
 }
