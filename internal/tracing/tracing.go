@@ -213,11 +213,16 @@ type queue struct {
 	flush   chan chan struct{}
 	done    sync.WaitGroup
 	once    sync.Once
+	// exports bounds every export; abandon cancels the one in flight
+	// when a shutdown's deadline passes, so nothing outlives it.
+	exports context.Context
+	abandon context.CancelFunc
 }
 
 func newQueue(exp sdktrace.SpanExporter, o Options) *queue {
 	q := &queue{exp: exp, spans: make(chan sdktrace.ReadOnlySpan, o.QueueSize), onDrop: o.OnDrop, log: o.Logger,
 		stop: make(chan struct{}), flush: make(chan chan struct{})}
+	q.exports, q.abandon = context.WithCancel(context.Background())
 	if q.onDrop == nil {
 		q.onDrop = func(string, int) {}
 	}
@@ -246,7 +251,7 @@ func (q *queue) run() {
 		if len(batch) == 0 {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), exportTimeout+time.Second)
+		ctx, cancel := context.WithTimeout(q.exports, exportTimeout+time.Second)
 		err := q.exp.ExportSpans(ctx, batch)
 		cancel()
 		if err != nil {
@@ -315,7 +320,15 @@ func (q *queue) Shutdown(ctx context.Context) error {
 	select {
 	case <-wait:
 	case <-ctx.Done():
+		// Past the deadline (a collector that does not answer): the
+		// export in flight and what is queued are dropped, and the
+		// exporter's connection closed, so that no goroutine of the
+		// queue outlives the shutdown.
+		q.abandon()
+		<-wait
+		_ = q.exp.Shutdown(context.Background())
 		return ctx.Err()
 	}
+	defer q.abandon()
 	return q.exp.Shutdown(ctx)
 }
