@@ -8,18 +8,8 @@
 # Usage: scripts/budget-bench.sh [ratelimitd arguments...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TMP=$(mktemp -d)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-RPORT=$(free_port); GRPC=$(free_port); HTTP=$(free_port)
-go build -o "$TMP/ratelimitd" ./cmd/ratelimitd
-go build -o "$TMP/bench" ./cmd/ratelimitd-bench
-redis-server --bind 127.0.0.1 --port "$RPORT" --save '' --appendonly no --dir "$TMP" --daemonize no --logfile "$TMP/redis.log" &
-RPID=$!
-"$TMP/ratelimitd" --config deploy/bench/rules.yaml --redis-url "redis://127.0.0.1:$RPORT" \
-	--grpc-addr "127.0.0.1:$GRPC" --http-addr "127.0.0.1:$HTTP" --redis-timeout 1s --log-level warn "$@" &
-SPID=$!
-trap 'kill $SPID $RPID 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
-sleep 1.5
+. scripts/stack.sh
+stack_start deploy/bench/rules.yaml --redis-timeout 1s "$@"
 run() { echo "== $1"; shift; "$TMP/bench" -addr "127.0.0.1:$GRPC" -budget "$@"; }
 run "three uncharged checks: 10,000 budget, check, charge 2,500, three checks never charged" -budget-key budget_10k -budget-limit 10000 -sequence uncharged -duration 400s
 run "check, charge 600,000 of 1,000,000, check" -sequence large

@@ -10,19 +10,9 @@
 # Usage: scripts/rolling-bench.sh [ratelimitd arguments...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TMP=$(mktemp -d)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-RPORT=$(free_port); GRPC=$(free_port); HTTP=$(free_port)
-go build -o "$TMP/ratelimitd" ./cmd/ratelimitd
-go build -o "$TMP/bench" ./cmd/ratelimitd-bench
+. scripts/stack.sh
 printf 'domain: rolling\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3000}\n' > "$TMP/rules.yaml"
-redis-server --bind 127.0.0.1 --port "$RPORT" --save '' --appendonly no --dir "$TMP" --daemonize no --logfile "$TMP/redis.log" &
-RPID=$!
-"$TMP/ratelimitd" --config "$TMP/rules.yaml" --redis-url "redis://127.0.0.1:$RPORT" \
-	--grpc-addr "127.0.0.1:$GRPC" --http-addr "127.0.0.1:$HTTP" --log-level warn "$@" &
-SPID=$!
-trap 'kill $SPID $RPID 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"' EXIT
-sleep 1.5
+stack_start "$TMP/rules.yaml" "$@"
 for shift in 0s 60s; do
 	echo "== the traffic moved over $shift (0s: at once), from 25 s into a minute"
 	"$TMP/bench" -addr "127.0.0.1:$GRPC" -redis "127.0.0.1:$RPORT" -rolling -rolling-limit 3000 -rolling-at 20s \

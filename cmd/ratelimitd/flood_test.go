@@ -5,10 +5,8 @@ import (
 	"context"
 	"encoding/binary"
 	"net"
-	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -83,21 +81,7 @@ func slowReader(t *testing.T, addr string, streams int, reset bool, stop <-chan 
 }
 
 // procRSS is a process's resident set in KB.
-func procRSS(t *testing.T, pid int) int {
-	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		t.Skip("no /proc:", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-			return n
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
-}
+func procRSS(t *testing.T, pid int) int { return proc(t, strconv.Itoa(pid)+"/status", "VmRSS") }
 
 // TestSlowReaderBounded: a client opening 100,000 streams on one
 // connection and reading none of the answers (or resetting each at once)

@@ -44,16 +44,18 @@ func getWithin(t *testing.T, url string, log fmt.Stringer) string {
 	}
 }
 
-// procKB reads a "VmRSS"-style field of /proc/self/status in KB.
-func procKB(t *testing.T, field string) int {
+// proc reads a number of /proc/<file>: the first after "field:" (a
+// status field in kB, an io counter in bytes). file is "self/status",
+// "<pid>/io" and the like.
+func proc(t *testing.T, file, field string) int {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
+	b, err := os.ReadFile("/proc/" + file)
 	if err != nil {
-		t.Skip("no /proc/self/status:", err)
+		t.Skip("no /proc:", err)
 	}
-	m := regexp.MustCompile(`(?m)^` + field + `:\s+(\d+) kB`).FindSubmatch(b)
+	m := regexp.MustCompile(`(?m)^` + field + `:\s+(\d+)`).FindSubmatch(b)
 	if m == nil {
-		t.Fatalf("no %s in /proc/self/status", field)
+		t.Fatalf("no %s in /proc/%s", field, file)
 	}
 	n, _ := strconv.Atoi(string(m[1]))
 	return n
@@ -116,7 +118,7 @@ func TestHotReloadBombs(t *testing.T) {
 	bombs := rulestest.Bombs()
 	// Reset the peak RSS (Linux: 5 > clear_refs) once the bombs are built.
 	resetPeak := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
-	startRSS := procKB(t, "VmRSS")
+	startRSS := proc(t, "self/status", "VmRSS")
 	failed := func() int {
 		n, _ := strconv.Atoi(scrape(t, in.httpAddr, `ratelimitd_config_reloads_total{result="failure"}`))
 		return n
@@ -171,7 +173,7 @@ func TestHotReloadBombs(t *testing.T) {
 		t.Fatal("the first file's rules are gone")
 	}
 	if resetPeak && !raceEnabled {
-		peak := procKB(t, "VmHWM")
+		peak := proc(t, "self/status", "VmHWM")
 		t.Logf("RSS: %d MB before the bombs, peak %d MB", startRSS>>10, peak>>10)
 		// The bound docs/rules.md states: refusing a file costs the server
 		// under 300 MB at peak (config.MaxYAMLNodes and the walk budget).
@@ -256,7 +258,7 @@ func TestCheckConfigStopsOnSignal(t *testing.T) {
 		// sleep, or CPU used, signalled a process still starting on a
 		// busy machine or under the race detector, which then died of the
 		// signal as any process would.
-		for deadline := time.Now().Add(20 * time.Second); readBytes(t, cmd.Process.Pid) < int64(len(body)); {
+		for deadline := time.Now().Add(20 * time.Second); proc(t, strconv.Itoa(cmd.Process.Pid)+"/io", "rchar") < len(body); {
 			if time.Now().After(deadline) {
 				t.Fatalf("%v: check-config read no rules for 20 s", sig)
 			}
@@ -348,21 +350,4 @@ func TestSecretsNeverPrinted(t *testing.T) {
 			t.Errorf("%s holds the secret:\n%.3000s", where, body)
 		}
 	}
-}
-
-// readBytes is what a process has read through read calls (rchar of
-// /proc/PID/io).
-func readBytes(t *testing.T, pid int) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/io")
-	if err != nil {
-		t.Skip("no /proc:", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "rchar:"); ok {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
 }

@@ -274,7 +274,7 @@ func (m *mapper) rules() error {
 
 // redis reads the main Redis: its URL and mode.
 func (m *mapper) redis() error {
-	u, mode, err := m.redisURL("REDIS_")
+	u, mode, err := m.redisURL("REDIS_", false)
 	if err == nil && u != "" {
 		m.set("redis-url", u)
 		m.set("redis-mode", mode)
@@ -289,8 +289,8 @@ func (m *mapper) perSecond() error {
 	if !m.isTrue("REDIS_PERSECOND") {
 		return nil
 	}
-	_, mode, _ := m.redisURL("REDIS_")
-	pu, pmode, err := m.redisURL("REDIS_PERSECOND_")
+	_, mode, _ := m.redisURL("REDIS_", false)
+	pu, pmode, err := m.redisURL("REDIS_PERSECOND_", true)
 	switch {
 	case err != nil:
 		return err
@@ -299,32 +299,17 @@ func (m *mapper) perSecond() error {
 	case pmode != mode:
 		return fmt.Errorf("REDIS_PERSECOND_TYPE %s differs from REDIS_TYPE %s: the per-second Redis takes the main one's mode", pmode, mode)
 	}
-	if auth := m.getenv("REDIS_PERSECOND_AUTH"); auth != "" {
-		user, pass, ok := strings.Cut(auth, ":")
-		if !ok {
-			user, pass = "", auth
-		}
-		if pmode == "sentinel" {
-			// go-redis takes a sentinel URL's user info for the
-			// sentinels; the master's password is a query value (its
-			// user is one already).
-			pu += "&password=" + url.QueryEscape(pass)
-		} else {
-			// redisURL put the user alone in the URL (user@).
-			if user != "" {
-				pu = strings.Replace(pu, "://"+url.PathEscape(user)+"@", "://", 1)
-			}
-			pu = strings.Replace(pu, "://", "://"+url.UserPassword(user, pass).String()+"@", 1)
-		}
-	}
 	m.set("redis-persecond-url", pu)
 	return nil
 }
 
 // redisURL builds a Redis URL and mode from the variables starting with
 // prefix ("REDIS_" or "REDIS_PERSECOND_"): TYPE, URL, SOCKET_TYPE, TLS and
-// AUTH's user.
-func (m *mapper) redisURL(prefix string) (string, string, error) {
+// AUTH's user, and its password too when withPassword (the per-second
+// Redis's; the main one's is kept off the URL, in RedisPassword). The
+// credentials are the master's: behind Sentinel its query values, since
+// go-redis takes a sentinel URL's user info for the sentinels.
+func (m *mapper) redisURL(prefix string, withPassword bool) (string, string, error) {
 	raw := m.getenv(prefix + "URL")
 	if raw == "" {
 		return "", "", nil
@@ -333,36 +318,54 @@ func (m *mapper) redisURL(prefix string) (string, string, error) {
 	if m.isTrue(prefix + "TLS") {
 		scheme = "rediss"
 	}
-	user, name := "", ""
-	if u, _, ok := strings.Cut(m.getenv(prefix+"AUTH"), ":"); ok && u != "" {
-		user, name = url.PathEscape(u)+"@", u
+	user, pass, ok := strings.Cut(m.getenv(prefix+"AUTH"), ":")
+	if !ok {
+		user, pass = "", user
+	}
+	if !withPassword {
+		pass = ""
+	}
+	info := "" // user info: user[:password]@
+	switch {
+	case pass != "":
+		info = url.UserPassword(user, pass).String() + "@"
+	case user != "":
+		info = url.User(user).String() + "@"
 	}
 	switch strings.ToLower(m.getenv(prefix + "TYPE")) {
 	case "", "single":
 		if strings.Contains(raw, "://") {
+			// A URL as given, its credentials added only where it has
+			// none and a password is to go in.
+			if pass != "" && !strings.Contains(raw, "@") {
+				raw = strings.Replace(raw, "://", "://"+info, 1)
+			}
 			return raw, "single", nil
 		}
 		// The incumbent's default socket type is unix.
 		if st := strings.ToLower(m.getenv(prefix + "SOCKET_TYPE")); st == "" || st == "unix" {
-			return "unix://" + raw, "single", nil
+			if pass == "" {
+				info = ""
+			}
+			return "unix://" + info + raw, "single", nil
 		}
-		return scheme + "://" + user + raw, "single", nil
+		return scheme + "://" + info + raw, "single", nil
 	case "sentinel":
 		parts := strings.Split(raw, ",")
 		if len(parts) < 2 {
 			return "", "", fmt.Errorf("%sURL %q: want <master name>,<sentinel host:port>,...", prefix, raw)
 		}
-		// The user info of a sentinel URL is the sentinels' (which the
-		// incumbent does not support either): the master's user is a
-		// query value.
 		u := scheme + "://" + parts[1] + "?master_name=" + url.QueryEscape(parts[0]) + addrs(parts[2:], "&")
-		if name != "" {
-			u += "&username=" + url.QueryEscape(name)
+		if user != "" {
+			u += "&username=" + url.QueryEscape(user)
+		}
+		if pass != "" {
+			u += "&password=" + url.QueryEscape(pass)
 		}
 		return u, "sentinel", nil
 	case "cluster":
 		parts := strings.Split(raw, ",")
-		return scheme + "://" + user + parts[0] + addrs(parts[1:], "?"), "cluster", nil
+		return scheme + "://" + info + parts[0] + addrs(parts[1:], "?"), "cluster", nil
 	}
 	return "", "", fmt.Errorf("%sTYPE %q: want SINGLE, SENTINEL or CLUSTER", prefix, m.getenv(prefix+"TYPE"))
 }

@@ -121,24 +121,9 @@ func TestLeaseFleetNeverExceeds(t *testing.T) {
 // TestLeaseRollover: hits granted in a window are never used in the
 // next; they are counted lost, and the next window admits its limit.
 func TestLeaseRollover(t *testing.T) {
-	srv := redistest.Start(t)
-	s, m, clock := scriptedLeases(t, srv, time.Now().Truncate(time.Hour).Add(time.Hour).UnixMicro()) // a window start
 	c := limit.Check{Key: "roll", Limit: 1000, WindowUS: 1e6, Hits: 1, Lease: true}
-	ask := func() bool {
-		r, err := s.Evaluate(context.Background(), []limit.Check{c})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return !r[0].Over
-	}
-	ask() // the counter is known
-	s.leases.entries[c.Key].rate = 2000
-	clock.Add(900e3)
-	s.leases.pass(false)
+	s, m, clock, ask := grantNearWindowEnd(t, c)
 	held := s.leases.entries[c.Key].avail
-	if held < 2 {
-		t.Fatalf("no grant taken: %d held", held)
-	}
 	ask()
 	clock.Add(100e3) // the next window
 	n := 0
@@ -513,24 +498,8 @@ func TestLeaseColdCounter(t *testing.T) {
 // that request included. (A clock read before the wait used the old
 // window's grant: 1,001.)
 func TestLeaseClockReadUnderLock(t *testing.T) {
-	srv := redistest.Start(t)
-	s, _, clock := scriptedLeases(t, srv, time.Now().Truncate(time.Hour).Add(time.Hour).UnixMicro()) // a window start
 	c := limit.Check{Key: "paused", Limit: 1000, WindowUS: 1e6, Hits: 1, Lease: true}
-	ask := func() bool {
-		r, err := s.Evaluate(context.Background(), []limit.Check{c})
-		if err != nil {
-			t.Error(err)
-			return false
-		}
-		return !r[0].Over
-	}
-	ask() // the counter is known
-	s.leases.entries[c.Key].rate = 2000
-	clock.Add(900e3)
-	s.leases.pass(false)
-	if held := s.leases.entries[c.Key].avail; held < 2 {
-		t.Fatalf("no grant taken: %d held", held)
-	}
+	s, _, clock, ask := grantNearWindowEnd(t, c)
 	s.leases.mu.Lock()
 	paused := make(chan bool)
 	go func() { paused <- ask() }()
@@ -549,4 +518,28 @@ func TestLeaseClockReadUnderLock(t *testing.T) {
 	if n != 1000 {
 		t.Errorf("the next window admitted %d, the paused request included; want exactly its 1000", n)
 	}
+}
+
+// grantNearWindowEnd is a scripted store whose leased counter c (of
+// one-second windows) holds a grant taken 900 ms into a window, and a
+// function deciding one request of c. It fails t if no grant was taken.
+func grantNearWindowEnd(t *testing.T, c limit.Check) (*Store, *metrics.Metrics, *atomic.Int64, func() bool) {
+	t.Helper()
+	s, m, clock := scriptedLeases(t, redistest.Start(t), time.Now().Truncate(time.Hour).Add(time.Hour).UnixMicro()) // a window start
+	ask := func() bool {
+		r, err := s.Evaluate(context.Background(), []limit.Check{c})
+		if err != nil {
+			t.Error(err)
+			return false
+		}
+		return !r[0].Over
+	}
+	ask() // the counter is known
+	s.leases.entries[c.Key].rate = 2000
+	clock.Add(900e3)
+	s.leases.pass(false)
+	if held := s.leases.entries[c.Key].avail; held < 2 {
+		t.Fatalf("no grant taken: %d held", held)
+	}
+	return s, m, clock, ask
 }

@@ -175,25 +175,16 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	src, err := scriptFS.ReadFile("scripts/decide.lua")
+	scripts, err := loadScripts("decide.lua", "grant.lua", "seed.lua")
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: %w", err)
-	}
-	grantSrc, err := scriptFS.ReadFile("scripts/grant.lua")
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: %w", err)
-	}
-	seedSrc, err := scriptFS.ReadFile("scripts/seed.lua")
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: %w", err)
+		return nil, err
 	}
 	if opts.CarryIncumbent && mode == ModeCluster {
 		return nil, errors.New("redisstore: carrying envoyproxy/ratelimit's counts needs a single or Sentinel Redis: on Cluster its keys live in other slots than ratelimitd's")
 	}
 	s := &Store{
 		client: client, cluster: cluster, mode: mode,
-		script: redis.NewScript(string(src)), grantScript: redis.NewScript(string(grantSrc)), timeout: timeout,
-		seedScript: redis.NewScript(string(seedSrc)), carry: opts.CarryIncumbent,
+		script: scripts[0], grantScript: scripts[1], seedScript: scripts[2], timeout: timeout, carry: opts.CarryIncumbent,
 		now: opts.ScriptTime, m: opts.Metrics, log: opts.Logger, tracer: opts.Tracer, done: make(chan struct{}), nodeIdle: nodeIdle,
 	}
 	if s.log == nil {

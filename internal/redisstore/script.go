@@ -20,6 +20,24 @@ import (
 //go:embed scripts/*.lua
 var scriptFS embed.FS
 
+// loadScripts returns the scripts named, each with scripts/prelude.lua
+// (now, GRACE and the helpers they share) in front of it.
+func loadScripts(names ...string) ([]*redis.Script, error) {
+	prelude, err := scriptFS.ReadFile("scripts/prelude.lua")
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: %w", err)
+	}
+	out := make([]*redis.Script, len(names))
+	for i, name := range names {
+		src, err := scriptFS.ReadFile("scripts/" + name)
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: %w", err)
+		}
+		out[i] = redis.NewScript(string(prelude) + string(src))
+	}
+	return out, nil
+}
+
 // nowArg is the script's first argument: "0" (read Redis TIME) except
 // in tests with a scripted clock.
 func (s *Store) nowArg() string {

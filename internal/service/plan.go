@@ -186,27 +186,13 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 // matching value shares one counter.
 func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon.RateLimitDescriptor_Entry, it *item) string {
 	enc.Reset(s.opts.KeyPrefix, domain)
-	shared := false
-	for r := it.rule; r != nil; r = r.Parent() {
-		if r.ShareThreshold {
-			shared = true
-			break
-		}
-	}
-	if !shared {
-		for _, e := range ents {
-			enc.Entry(e.GetKey(), e.GetValue())
-		}
-		return enc.KeyFor(it.algo, it.windowUS)
-	}
-	levels := it.rule.Levels(len(ents))
+	levels := sharedLevels(it, len(ents))
 	for j, e := range ents {
-		v := e.GetValue()
-		if levels[j] != nil && levels[j].ShareThreshold {
-			enc.SharedEntry(e.GetKey(), levels[j].Value)
+		if p, ok := sharedPattern(levels, j); ok {
+			enc.SharedEntry(e.GetKey(), p)
 			continue
 		}
-		enc.Entry(e.GetKey(), v)
+		enc.Entry(e.GetKey(), e.GetValue())
 	}
 	return enc.KeyFor(it.algo, it.windowUS)
 }
@@ -216,21 +202,15 @@ func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon
 // "Switching without losing counts"), share_threshold's wildcard pattern
 // standing for the value, as the incumbent writes it.
 func (s *Service) incumbentKey(domain string, ents []*rlcommon.RateLimitDescriptor_Entry, it *item) string {
-	var levels []*config.Rule
-	for r := it.rule; r != nil; r = r.Parent() {
-		if r.ShareThreshold {
-			levels = it.rule.Levels(len(ents))
-			break
-		}
-	}
+	levels := sharedLevels(it, len(ents))
 	var b strings.Builder
 	b.WriteString(s.opts.KeyPrefix)
 	b.WriteString(domain)
 	b.WriteByte('_')
 	for j, e := range ents {
 		v := e.GetValue()
-		if levels != nil && levels[j] != nil && levels[j].ShareThreshold {
-			v = levels[j].Value
+		if p, ok := sharedPattern(levels, j); ok {
+			v = p
 		}
 		b.WriteString(e.GetKey())
 		b.WriteByte('_')
@@ -238,6 +218,27 @@ func (s *Service) incumbentKey(domain string, ents []*rlcommon.RateLimitDescript
 		b.WriteByte('_')
 	}
 	return b.String()
+}
+
+// sharedLevels returns the matched rule's levels for n entries when one
+// of them has share_threshold, else nil.
+func sharedLevels(it *item, n int) []*config.Rule {
+	for r := it.rule; r != nil; r = r.Parent() {
+		if r.ShareThreshold {
+			return it.rule.Levels(n)
+		}
+	}
+	return nil
+}
+
+// sharedPattern returns the wildcard pattern that stands for entry j's
+// value (share_threshold: every matching value shares one counter), if
+// any.
+func sharedPattern(levels []*config.Rule, j int) (string, bool) {
+	if levels != nil && levels[j] != nil && levels[j].ShareThreshold {
+		return levels[j].Value, true
+	}
+	return "", false
 }
 
 // classify tells each usage call of a request what it is, from what

@@ -50,16 +50,9 @@
 -- depends only on the rule and the time (window end, value prefix, PX) once
 -- per rule per call, and per key does one pattern match, the arithmetic,
 -- and at most one SET or DEL.
-local now
-if ARGV[1] == '0' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
--- GRACE mirrors limit.GraceUS: how long a key outlives the moment its
--- state stops mattering (the state, never the TTL, decides).
-local GRACE = 1000000
+
+-- now, GRACE, floor, format, idiv and px: scripts/prelude.lua, sent in
+-- front of this script.
 -- The packed per-key argument (see the header and redisstore's
 -- script.go): HITS_UNIT is 2^20, the place of the hits; below it the rule
 -- (1-based) times RULE_UNIT, plus the flags.
@@ -76,7 +69,7 @@ local MIN_FLIGHT, COLD_FLIGHT, SAMPLE_CHARGES, COLD_IN_FLIGHT, BUCKETS = 250, 10
 -- count saturates there), MAXDEBT limit's maxDebtUS (how far charges push
 -- a bucket's arrival time).
 local MAXC, MAXSC, MAXDEBT = 4503599627370496, 8589934592, 1125899906842624
-local floor, format, match, find, gmatch = math.floor, string.format, string.match, string.find, string.gmatch
+local match, find, gmatch = string.match, string.find, string.gmatch
 -- Invariants the code below relies on:
 -- * Every window is a whole number of seconds (units are; multipliers are
 --   whole), so w / 1000000 below is an exact integer.
@@ -92,15 +85,6 @@ local floor, format, match, find, gmatch = math.floor, string.format, string.mat
 --   the rest do. So an error inside pcall comes at a request's first write,
 --   before anything of it is written, and no request is left half-written.
 
--- Exact floor division of non-negative integers below 2^53: a double
--- quotient can round up across an integer.
-local function idiv(a, b)
-  local q = floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
--- PX argument for an absolute expiry in us.
-local function px(expire) return format('%d', math.ceil((expire - now) / 1000)) end
 -- days_from_civil and civil_from_days convert a UTC date to days since
 -- the epoch and back (H. Hinnant's algorithms), for calendar periods; all
 -- small non-negative integers here.

@@ -17,23 +17,9 @@
 -- the window ends (for a bucket: until one more hit is allowed), and the
 -- window's end in us on this clock (0 for a bucket), which a give-back
 -- of those hits names.
-local now
-if ARGV[1] == '0' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
--- now, GRACE, idiv and px as in decide.lua (a script cannot include
--- another). GRACE mirrors limit.GraceUS.
-local GRACE = 1000000
-local floor, format, match = math.floor, string.format, string.match
-local function idiv(a, b)
-  local q = floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-local function px(expire) return format('%d', math.ceil((expire - now) / 1000)) end
+-- now, GRACE, floor, format, idiv and px: scripts/prelude.lua, sent in
+-- front of this script.
+local match = string.match
 
 local out = {}
 for i = 1, #KEYS do

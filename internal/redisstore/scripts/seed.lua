@@ -18,20 +18,12 @@
 -- slot, so redisstore refuses this there.
 -- Returns per key: 0 left alone, 1 carried, 2 no incumbent count, 3 an
 -- incumbent key that is not a count (ignored).
-local now
-if ARGV[1] == '0' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
-local GRACE = 1000000
+-- now, GRACE, idiv and px: scripts/prelude.lua, sent in front.
 local n = #KEYS
 local out = {}
 for i = 1, n do
   local w = tonumber(ARGV[1 + i])
-  local e = (math.floor(now / w) + 1) * w
-  if e - w > now then e = e - w elseif e <= now then e = e + w end
+  local e = idiv(now, w) * w + w
   local raw = redis.call('GET', KEYS[i])
   local we, rest
   if type(raw) == 'string' then we, rest = string.match(raw, '^(%d+):%d+(.*)$') end
@@ -40,12 +32,12 @@ for i = 1, n do
   else
     -- pcall: a key of another type (WRONGTYPE) is not a count, and
     -- must not stop the others.
-    local ok, v = pcall(redis.call, 'GET', ARGV[1 + n + i] .. string.format('%d', (e - w) / 1000000))
+    local ok, v = pcall(redis.call, 'GET', ARGV[1 + n + i] .. format('%d', (e - w) / 1000000))
     if not ok then v = '' end
     local c = v and tonumber(v)
     if not v then
       out[i] = 2
-    elseif not c or c < 0 or c ~= math.floor(c) or c >= 4503599627370496 then
+    elseif not c or c < 0 or c ~= floor(c) or c >= 4503599627370496 then
       out[i] = 3
     else
       local xe = e + GRACE
@@ -55,7 +47,7 @@ for i = 1, n do
       else
         rest = ''
       end
-      redis.call('SET', KEYS[i], string.format('%d:%d', e, c) .. rest, 'PX', string.format('%d', math.ceil((xe - now) / 1000)))
+      redis.call('SET', KEYS[i], format('%d:%d', e, c) .. rest, 'PX', px(xe))
       out[i] = 1
     end
   end

@@ -1,0 +1,24 @@
+-- prelude.lua: what every script of this package shares; redisstore sends
+-- it in front of each (a script cannot include another).
+-- ARGV[1]  "0": now from Redis TIME (what production always sends);
+--          otherwise now in integer microseconds (tests only)
+local now
+if ARGV[1] == '0' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+-- GRACE mirrors limit.GraceUS: how long a key outlives the moment its
+-- state stops mattering (the state, never the TTL, decides).
+local GRACE = 1000000
+local floor, format = math.floor, string.format
+-- Exact floor division of non-negative integers below 2^53: a double
+-- quotient can round up across an integer.
+local function idiv(a, b)
+  local q = floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+-- PX argument for an absolute expiry in us.
+local function px(expire) return format('%d', math.ceil((expire - now) / 1000)) end
