@@ -292,6 +292,7 @@ muts = [
     ("273 a shutdown past its deadline leaves the export and the exporter running","internal/tracing/tracing.go","\t\tq.abandon()\n\t\t<-wait\n\t\t_ = q.exp.Shutdown(context.Background())\n","","./internal/tracing","TestShutdownPastDeadlineLeavesNothing"),
     ("274 a grant held valid from its arrival, not its asking (a late grant used into the next window)","internal/redisstore/lease.go","g.validTill = start.Add(reset - l.margin)","g.validTill = l.now().Add(reset - l.margin)","./cmd/ratelimitd","TestLeasePausedHolders"),
     ("275 a paused holder's grant used past its window","internal/redisstore/lease.go","valid := now.Before(g.validTill)","valid := true","./cmd/ratelimitd","TestLeasePausedHolders"),
+    ("276 RLQS grant lives to its window's end, answers late at random","internal/rlqs/sizing.go","ttl = (reset - s.opts.Margin).Truncate(time.Second)","ttl = reset.Truncate(time.Second)","./internal/rlqs","TestFleetBoundUnderDelays"),
     ("255 a call past its deadline still sent","internal/redisstore/batch.go","err := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {","var err error\n\t\tif false {","./internal/redisstore","TestExpiredCallsNotSent"),
     ("256 the Prometheus mapping loses three-part shadow_mode keys","internal/compatstats/default_mapper.yaml","([^\\.]*)(\\..*)?\\.shadow_mode'","([^\\.]*)(\\..*)\\.shadow_mode'","./internal/compatstats","TestDefaultMapper"),
 ]

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"os/exec"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -61,6 +64,9 @@ type sim struct {
 	stale    int
 	// byEnvoy counts each Envoy's admitted requests by window.
 	byEnvoy []map[time.Time]uint64
+	// besideAdmitted and besideDemand count the bucket beside (another
+	// counter of the same rule) by window.
+	besideAdmitted, besideDemand map[time.Time]uint64
 }
 
 // at runs f at virtual time t (at the first step not before it).
@@ -188,18 +194,42 @@ type link struct {
 	deliver func(*rlqsv3.RateLimitQuotaResponse)
 	closed  func(error)
 	down    bool
+	// The latest a report reaches the server and an answer the Envoy
+	// (with jitter): a stream keeps its messages in order.
+	reportAt, answerAt time.Time
 }
 
 func (l *link) Send(r *rlqsv3.RateLimitQuotaUsageReports) error {
 	if l.down {
 		return errors.New("stream down")
 	}
-	resp, err := l.ss.Report(context.Background(), l.s.now, r)
-	if err != nil {
-		l.s.t.Fatalf("report refused: %v", err)
+	report := func() {
+		if l.down {
+			return
+		}
+		resp, err := l.ss.Report(context.Background(), l.s.now, r)
+		if err != nil {
+			l.s.t.Fatalf("report refused: %v", err)
+		}
+		l.s.send(l, resp)
 	}
-	l.s.send(l, resp)
+	if l.s.cfg.jitter == nil {
+		report()
+		return nil
+	}
+	// The report reaches the server up to a second late, after the ones
+	// sent before it.
+	l.reportAt = later(l.s.now.Add(time.Duration(l.s.cfg.jitter.Int64N(int64(time.Second)))), l.reportAt)
+	l.s.at(l.reportAt, report)
 	return nil
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func (l *link) Close() {
@@ -218,7 +248,14 @@ func (s *sim) send(l *link, resp *rlqsv3.RateLimitQuotaResponse) {
 	for _, a := range resp.GetBucketAction() {
 		tb = tb || a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() != nil
 	}
-	s.queue = append(s.queue, delivery{at: s.now.Add(s.delta), f: func() {
+	at := s.now.Add(s.delta)
+	if s.cfg.jitter != nil {
+		// Up to the margin late (the bound's condition: an assignment
+		// applied within --rlqs-margin), after the answers before it.
+		at = later(s.now.Add(time.Duration(s.cfg.jitter.Int64N(int64(rlqs.DefaultMargin-s.step)))), l.answerAt)
+		l.answerAt = at
+	}
+	s.queue = append(s.queue, delivery{at: at, f: func() {
 		if !l.down {
 			l.deliver(resp)
 			if tb {
@@ -240,6 +277,12 @@ type simConfig struct {
 	limit    uint64
 	failDeny bool // the rule's failure_mode
 	servers  int  // ratelimitd instances sharing the Redis (0: one)
+	// beside is the demand on another counter of the rule (the bucket
+	// besideID, every Envoy), in multiples of the limit's rate.
+	beside float64
+	// jitter, when set, delays each report by up to a second and each
+	// answer by up to --rlqs-margin, at random, instead of δ.
+	jitter *rand.Rand
 }
 
 const simRules = `
@@ -277,7 +320,8 @@ func newSim(t *testing.T, cfg simConfig) *sim {
 	// second before a window's end.
 	start := time.Unix(1_800_000_000, 0).Truncate(cfg.window).Add(700 * time.Millisecond)
 	s := &sim{t: t, cfg: cfg, now: start, step: 100 * time.Millisecond, delta: 500 * time.Millisecond, window: cfg.window, limit: cfg.limit,
-		admitted: map[time.Time]uint64{}, demand: map[time.Time]uint64{}, rls: map[time.Time]uint64{}, granted: map[time.Time]int64{}}
+		admitted: map[time.Time]uint64{}, demand: map[time.Time]uint64{}, rls: map[time.Time]uint64{}, granted: map[time.Time]int64{},
+		besideAdmitted: map[time.Time]uint64{}, besideDemand: map[time.Time]uint64{}}
 	s.redis = redistest.Start(t)
 	s.store, err = redisstore.New(redisstore.Options{URL: s.redis.URL(), Timeout: time.Second, ScriptTime: func() time.Time { return s.now },
 		LeaseInterval: -1, BreakerOpenAfter: time.Hour})
@@ -319,7 +363,10 @@ func newSim(t *testing.T, cfg simConfig) *sim {
 	return s
 }
 
-var bucketID = map[string]string{"tenant": "acme", "route": "checkout"}
+var (
+	bucketID = map[string]string{"tenant": "acme", "route": "checkout"}
+	besideID = map[string]string{"tenant": "beta"}
+)
 
 // run advances the fleet by d, to the last window boundary before it.
 func (s *sim) run(d time.Duration) { s.runUntil(s.now.Add(d).Truncate(s.window)) }
@@ -331,18 +378,21 @@ func (s *sim) runUntil(end time.Time) {
 	cfg := s.cfg
 	rate := cfg.demand * float64(cfg.limit) / cfg.window.Seconds()
 	owed := make([]float64, len(s.envoys))
+	besideOwed := make([]float64, len(s.envoys))
 	var rlsOwed float64
 	for s.now.Add(s.step).Before(end) {
 		s.now = s.now.Add(s.step)
-		due := s.queue[:0:0]
-		for _, q := range s.queue {
+		// What runs may queue more (a report's answer): it goes after.
+		queued, due := s.queue, s.queue[:0:0]
+		s.queue = nil
+		for _, q := range queued {
 			if q.at.After(s.now) {
 				due = append(due, q)
 				continue
 			}
 			q.f()
 		}
-		s.queue = due
+		s.queue = append(due, s.queue...)
 		for _, l := range s.links {
 			if l != nil && !l.down {
 				if w := l.ss.NextWake(); !w.IsZero() && !w.After(s.now) {
@@ -360,6 +410,13 @@ func (s *sim) runUntil(end time.Time) {
 			r := rate * share
 			if cfg.burst != nil {
 				r *= cfg.burst(s.now)
+			}
+			besideOwed[i] += cfg.beside * float64(cfg.limit) / cfg.window.Seconds() / float64(len(s.envoys)) * s.step.Seconds()
+			for ; besideOwed[i] >= 1; besideOwed[i]-- {
+				s.besideDemand[win]++
+				if e.Request(s.now, besideID) {
+					s.besideAdmitted[win]++
+				}
 			}
 			owed[i] += r * s.step.Seconds()
 			for ; owed[i] >= 1; owed[i]-- {
@@ -419,11 +476,7 @@ func TestFleetBound(t *testing.T) {
 			for _, demand := range []float64{0.5, 1, 3} {
 				cfg := simConfig{envoys: n, demand: demand, settings: rlqstest.Strict, limit: limit}
 				if skew {
-					cfg.shares = make([]float64, n)
-					cfg.shares[0] = 0.7
-					for i := 1; i < n; i++ {
-						cfg.shares[i] = 0.3 / float64(n-1)
-					}
+					cfg.shares = skewed(n)
 				}
 				name := fmt.Sprintf("%d envoys %s %.1fx", n, map[bool]string{false: "even", true: "skewed"}[skew], demand)
 				s := newSim(t, cfg)
@@ -693,5 +746,82 @@ func TestAbandonIdle(t *testing.T) {
 	}
 	if after.Allowed-before.Allowed < 50 {
 		t.Errorf("only %d admitted after the bucket came back: no grant", after.Allowed-before.Allowed)
+	}
+}
+
+// TestFleetBoundUnderDelays is the bound as a property: fleets drawn at
+// random (1-5 Envoys, even or 70 % on one, over one to three instances;
+// half, once or three times the limit, or 0.9 and 3.6 times it in turn;
+// ShouldRateLimit callers beside
+// them at none, a fifth or the whole of the limit's rate; a bucket of
+// another counter beside, or none; 20 s or minute windows), every report
+// reaching the server up to a second late and every answer reaching the
+// Envoy up to --rlqs-margin late, at random, with the machine kept busy
+// (the store's timeouts are real: failure_mode deny refuses what they
+// cut). Every window of every counter admits at most the limit, RLQS
+// and RLS together, and no Envoy admits more than was granted in a
+// window; over at least 200 windows. The seed is logged.
+func TestFleetBoundUnderDelays(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	busy(t, runtime.NumCPU())
+	windows := 0
+	for run := 0; windows < 200; run++ {
+		window := []time.Duration{20 * time.Second, time.Minute}[rng.IntN(2)]
+		limit := uint64(10 * window / time.Second) // 10 a second
+		cfg := simConfig{envoys: 1 + rng.IntN(5), demand: []float64{0.5, 1, 3}[rng.IntN(3)], settings: rlqstest.Strict,
+			limit: limit, window: window, failDeny: true, servers: 1 + rng.IntN(3), beside: []float64{0, 0.5}[rng.IntN(2)],
+			rlsRate: []float64{0, 2, 10}[rng.IntN(3)], jitter: rand.New(rand.NewPCG(seed, uint64(run)+1))}
+		if cfg.envoys > 1 && rng.IntN(2) == 0 {
+			cfg.shares = skewed(cfg.envoys)
+		}
+		alternate := rng.IntN(2) == 0
+		if alternate {
+			// Windows under the limit, where Envoys end holding grants,
+			// and windows over it in turn.
+			cfg.demand = 0.9
+			cfg.burst = func(at time.Time) float64 { return float64(1 + 3*(at.UnixNano()/int64(window)%2)) }
+		}
+		name := fmt.Sprintf("run %d: %d envoys over %d instances, %.1fx (alternating with 4 times that: %v), RLS %v/s, beside %.1fx, %v windows, shares %v",
+			run, cfg.envoys, cfg.servers, cfg.demand, alternate, cfg.rlsRate, cfg.beside, window, cfg.shares)
+		s := newSim(t, cfg)
+		s.run(200 * time.Second)
+		s.close()
+		s.checkPaid(t, name)
+		for i, w := range s.windows() {
+			if got := s.admitted[w]; got > limit {
+				t.Errorf("%s: window %d admitted %d (RLS %d), more than %d", name, i, got, s.rls[w], limit)
+			}
+			if got := s.besideAdmitted[w]; got > limit {
+				t.Errorf("%s: window %d admitted %d of the bucket beside, more than %d", name, i, got, limit)
+			}
+			windows++
+		}
+		if t.Failed() {
+			return
+		}
+	}
+	t.Logf("%d windows", windows)
+}
+
+// skewed is 70 % of the demand on the first of n Envoys, the rest even.
+func skewed(n int) []float64 {
+	shares := make([]float64, n)
+	shares[0] = 0.7
+	for i := 1; i < n; i++ {
+		shares[i] = 0.3 / float64(n-1)
+	}
+	return shares
+}
+
+// busy keeps n loops running in other processes until the test ends.
+func busy(t *testing.T, n int) {
+	for range n {
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	}
 }
