@@ -20,6 +20,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/starve"
 )
 
 // A pause property test's knobs: one-second windows of leasePauseLimit
@@ -61,7 +62,7 @@ descriptors:
     failure_mode: deny
     rate_limit: {unit: second, requests_per_unit: %d, lease: true}
 `, leasePauseLimit))
-	busy(t, runtime.NumCPU())
+	starve.Loops(t, runtime.NumCPU())
 	proxy := holdingProxy(t, srv.Addr())
 
 	type holder struct {
@@ -385,15 +386,4 @@ func later(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-// busy keeps n loops running in other processes until the test ends.
-func busy(t *testing.T, n int) {
-	for range n {
-		cmd := exec.Command("sh", "-c", "while :; do :; done")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os/exec"
 	"runtime"
 	"sort"
 	"strings"
@@ -25,6 +24,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/rlqs"
 	"github.com/ratelimitd/ratelimitd/internal/rlqstest"
 	"github.com/ratelimitd/ratelimitd/internal/service"
+	"github.com/ratelimitd/ratelimitd/internal/starve"
 )
 
 // sim runs a fleet of simulated Envoys against one RLQS server and a real
@@ -765,7 +765,7 @@ func TestFleetBoundUnderDelays(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
-	busy(t, runtime.NumCPU())
+	starve.Loops(t, runtime.NumCPU())
 	windows := 0
 	for run := 0; windows < 200; run++ {
 		window := []time.Duration{20 * time.Second, time.Minute}[rng.IntN(2)]
@@ -813,15 +813,4 @@ func skewed(n int) []float64 {
 		shares[i] = 0.3 / float64(n-1)
 	}
 	return shares
-}
-
-// busy keeps n loops running in other processes until the test ends.
-func busy(t *testing.T, n int) {
-	for range n {
-		cmd := exec.Command("sh", "-c", "while :; do :; done")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	}
 }

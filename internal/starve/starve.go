@@ -1,0 +1,23 @@
+// Package starve keeps a machine busy for a test, as other work on a
+// shared CI machine or a throttled pod would (scripts/test.sh's STARVE
+// does the same for a whole run).
+package starve
+
+import (
+	"os/exec"
+	"testing"
+)
+
+// Loops keeps n busy loops running in other processes until the test
+// ends: the scheduler shares the cores between them and the test's own
+// processes, and delays any of them at any moment.
+func Loops(t testing.TB, n int) {
+	t.Helper()
+	for range n {
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	}
+}
