@@ -293,6 +293,7 @@ muts = [
     ("274 a grant held valid from its arrival, not its asking (a late grant used into the next window)","internal/redisstore/lease.go","g.validTill = start.Add(reset - l.margin)","g.validTill = l.now().Add(reset - l.margin)","./cmd/ratelimitd","TestLeasePausedHolders"),
     ("275 a paused holder's grant used past its window","internal/redisstore/lease.go","valid := now.Before(g.validTill)","valid := true","./cmd/ratelimitd","TestLeasePausedHolders"),
     ("276 RLQS grant lives to its window's end, answers late at random","internal/rlqs/sizing.go","ttl = (reset - s.opts.Margin).Truncate(time.Second)","ttl = reset.Truncate(time.Second)","./internal/rlqs","TestFleetBoundUnderDelays"),
+    ("277 RLQS foreign bucket left on what it holds while it refuses nothing","internal/rlqs/session.go","\t\tif !ss.keep(b, now) && !b.needed {","\t\tif b.foreign && u.GetNumRequestsDenied() == 0 {\n\t\t\tcontinue\n\t\t}\n\t\tif !ss.keep(b, now) && !b.needed {","./internal/rlqs","TestFleetOverInstances|TestForeignBucket"),
     ("255 a call past its deadline still sent","internal/redisstore/batch.go","err := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {","var err error\n\t\tif false {","./internal/redisstore","TestExpiredCallsNotSent"),
     ("256 the Prometheus mapping loses three-part shadow_mode keys","internal/compatstats/default_mapper.yaml","([^\\.]*)(\\..*)?\\.shadow_mode'","([^\\.]*)(\\..*)\\.shadow_mode'","./internal/compatstats","TestDefaultMapper"),
 ]

@@ -77,12 +77,12 @@ type bucket struct {
 	// instance, before a failover or restart) assigned, so the first
 	// token bucket sent is preceded by a DENY_ALL, as a replacement is:
 	// Envoy would scale a token bucket sent over it by the old one's
-	// fill. inheritTill: until then, while the Envoy refuses nothing,
-	// what it holds serves it and nothing is sent, so that no tokens of
-	// the old grant are thrown away; past it (it may be under ALLOW_ALL
-	// rather than a grant) the bucket is granted.
-	foreign     bool
-	inheritTill time.Time
+	// fill. It is assigned at its first report on this stream, as any
+	// bucket: the old grant's tokens are thrown away (the counter was
+	// charged for them), but the Envoy, which may be running on
+	// ALLOW_ALL or on a grant about to run dry, is re-assigned within a
+	// report period of losing its stream.
+	foreign bool
 }
 
 // NewSession opens a session, or refuses one past MaxStreams.
@@ -163,10 +163,6 @@ func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLi
 			out = append(out, ss.assign(b, allowAll(), ss.srv.opts.AllowTTL, sentAllow))
 			continue
 		}
-		if now.Before(b.inheritTill) && u.GetNumRequestsDenied() == 0 {
-			continue
-		}
-		b.inheritTill = time.Time{}
 		if !ss.keep(b, now) && !b.needed { // a bucket reported twice is granted once
 			b.needed = true
 			need = append(need, b)
@@ -222,7 +218,7 @@ func (ss *Session) bucketOf(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsag
 	if el := u.GetTimeElapsed().AsDuration(); el > 0 {
 		// Envoy reports a bucket new to it at once, with no time
 		// elapsed; this one it knew before this stream.
-		b.foreign, b.inheritTill = true, now.Add(2*ReportPeriod)
+		b.foreign = true
 		if el >= time.Second {
 			b.rate = float64(b.firstCount) / el.Seconds()
 		}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -67,6 +68,15 @@ type sim struct {
 	// besideAdmitted and besideDemand count the bucket beside (another
 	// counter of the same rule) by window.
 	besideAdmitted, besideDemand map[time.Time]uint64
+	// granting records, per Envoy, when an assignment reached it and
+	// from which instance.
+	granting [][]grantAt
+}
+
+// grantAt is an assignment reaching an Envoy: when, from which instance.
+type grantAt struct {
+	at  time.Time
+	srv int
 }
 
 // at runs f at virtual time t (at the first step not before it).
@@ -261,6 +271,9 @@ func (s *sim) send(l *link, resp *rlqsv3.RateLimitQuotaResponse) {
 			if tb {
 				s.tbWindow[l.idx] = asked
 			}
+			if len(resp.GetBucketAction()) > 0 {
+				s.granting[l.idx] = append(s.granting[l.idx], grantAt{s.now, l.srv})
+			}
 		}
 	}})
 }
@@ -338,6 +351,7 @@ func newSim(t *testing.T, cfg simConfig) *sim {
 		s.cut = append(s.cut, false)
 		s.tbWindow = append(s.tbWindow, time.Time{})
 		s.byEnvoy = append(s.byEnvoy, map[time.Time]uint64{})
+		s.granting = append(s.granting, nil)
 		s.links = append(s.links, nil)
 		e := rlqstest.New(cfg.settings("edge"), func(deliver func(*rlqsv3.RateLimitQuotaResponse), closed func(error)) (rlqstest.Conn, error) {
 			if s.cut[i] {
@@ -513,32 +527,59 @@ func TestFleetBoundAtWindowEnd(t *testing.T) {
 // TestFleetOverInstances: Envoys spread over three ratelimitd instances
 // on one Redis (each knows only its own streams' demand) stay within the
 // limit as one fleet and use it, and so they do when an instance dies
-// and its Envoys reopen their streams on the others: a grant the new
-// instance sends them replaces whole what the dead one had granted,
-// once that no longer serves them, so no token is revoked or scaled
-// away.
+// (at three moments of the Envoys' report period) and its Envoys reopen
+// their streams on the others: each is re-assigned within a report
+// period and 3 s of the kill, by a grant that replaces whole what the
+// dead one had granted, so no token is revoked or scaled away.
 func TestFleetOverInstances(t *testing.T) {
 	const limit = 600
-	for _, kill := range []bool{false, true} {
-		for _, demand := range []float64{1, 3} {
-			cfg := simConfig{envoys: 10, servers: 3, demand: demand, settings: rlqstest.Strict, limit: limit}
-			s := newSim(t, cfg)
-			name := fmt.Sprintf("10 envoys over 3 instances, %.0fx", demand)
-			if kill {
-				name += ", one killed at 90 s"
-				s.at(s.now.Truncate(time.Minute).Add(90*time.Second), func() { s.killServer(1) })
+	for _, tc := range []struct {
+		demand float64
+		kill   time.Duration // into the run; 0: none
+	}{{1, 0}, {3, 0}, {1, 90 * time.Second}, {3, 90 * time.Second}, {1, 92500 * time.Millisecond}, {1, 94900 * time.Millisecond}} {
+		cfg := simConfig{envoys: 10, servers: 3, demand: tc.demand, settings: rlqstest.Strict, limit: limit}
+		s := newSim(t, cfg)
+		name := fmt.Sprintf("10 envoys over 3 instances, %.0fx", tc.demand)
+		killed := s.now.Truncate(time.Minute).Add(tc.kill)
+		if tc.kill > 0 {
+			name += fmt.Sprintf(", one killed at %v", tc.kill)
+			s.at(killed, func() { s.killServer(1) })
+		}
+		s.run(4 * time.Minute)
+		s.close()
+		used := s.check(t, name)
+		if tc.kill > 0 {
+			if st := s.envoys[1].Stats(); st.Dials < 2 {
+				t.Errorf("%s: Envoy 1 opened %d streams: the kill cut nothing", name, st.Dials)
 			}
-			s.run(4 * time.Minute)
-			s.close()
-			used := s.check(t, name)
-			if kill {
-				if st := s.envoys[1].Stats(); st.Dials < 2 {
-					t.Errorf("%s: Envoy 1 opened %d streams: the kill cut nothing", name, st.Dials)
-				}
-			}
-			t.Logf("%s: %s", name, used)
+			used += "; re-assigned after " + s.checkReassigned(t, name, 1, killed)
+		}
+		t.Logf("%s: %s", name, used)
+	}
+}
+
+// checkReassigned fails when an Envoy whose stream was on srvs[dead],
+// killed at killed, got its first assignment from another instance more
+// than a report period and 3 s later, and returns the times.
+func (s *sim) checkReassigned(t *testing.T, name string, dead int, killed time.Time) string {
+	t.Helper()
+	var took []string
+	for i, gs := range s.granting {
+		if i%len(s.srvs) != dead {
+			continue
+		}
+		j := slices.IndexFunc(gs, func(g grantAt) bool { return g.srv != dead && !g.at.Before(killed) })
+		if j < 0 {
+			t.Errorf("%s: Envoy %d got no assignment after the kill", name, i)
+			continue
+		}
+		d := gs[j].at.Sub(killed)
+		took = append(took, fmt.Sprintf("%.1f s", d.Seconds()))
+		if d > rlqs.ReportPeriod+3*time.Second {
+			t.Errorf("%s: Envoy %d re-assigned %v after the kill, more than a report period and 3 s", name, i, d)
 		}
 	}
+	return strings.Join(took, ", ")
 }
 
 // TestRLSAndRLQSShareTheLimit: ShouldRateLimit callers and RLQS Envoys on
