@@ -34,7 +34,7 @@ import (
 // nothing depends on the machine's speed. Responses reach the Envoys
 // delta after the server made them (the δ of docs/ARCHITECTURE.md).
 type sim struct {
-	t      *testing.T
+	t      testing.TB
 	now    time.Time
 	step   time.Duration
 	delta  time.Duration
@@ -164,6 +164,9 @@ type countingGranter struct {
 func (g countingGranter) Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error) {
 	res, err := g.inner.Grant(ctx, ops)
 	for i, r := range res {
+		if !strings.Contains(ops[i].Check.Key, "acme") {
+			continue // the bucket beside: another counter
+		}
 		w := time.UnixMicro(r.WindowEndUS - ops[i].Check.WindowUS)
 		if ops[i].GiveBack {
 			w = time.UnixMicro(ops[i].WindowEndUS - ops[i].Check.WindowUS)
@@ -296,6 +299,9 @@ type simConfig struct {
 	// jitter, when set, delays each report by up to a second and each
 	// answer by up to --rlqs-margin, at random, instead of δ.
 	jitter *rand.Rand
+	// redis, when set, is a redis-server of the caller's to use (and
+	// flush) instead of one of the sim's own.
+	redis *redistest.Server
 }
 
 const simRules = `
@@ -307,7 +313,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: %d}
 `
 
-func newSim(t *testing.T, cfg simConfig) *sim {
+func newSim(t testing.TB, cfg simConfig) *sim {
 	t.Helper()
 	unit := "minute"
 	if cfg.window == 0 {
@@ -335,7 +341,12 @@ func newSim(t *testing.T, cfg simConfig) *sim {
 	s := &sim{t: t, cfg: cfg, now: start, step: 100 * time.Millisecond, delta: 500 * time.Millisecond, window: cfg.window, limit: cfg.limit,
 		admitted: map[time.Time]uint64{}, demand: map[time.Time]uint64{}, rls: map[time.Time]uint64{}, granted: map[time.Time]int64{},
 		besideAdmitted: map[time.Time]uint64{}, besideDemand: map[time.Time]uint64{}}
-	s.redis = redistest.Start(t)
+	s.redis = cfg.redis
+	if s.redis == nil {
+		s.redis = redistest.Start(t)
+	} else if err := s.redis.Client().FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err) // a redis-server of the caller's, started for this
+	}
 	s.store, err = redisstore.New(redisstore.Options{URL: s.redis.URL(), Timeout: time.Second, ScriptTime: func() time.Time { return s.now },
 		LeaseInterval: -1, BreakerOpenAfter: time.Hour})
 	if err != nil {
@@ -854,4 +865,62 @@ func skewed(n int) []float64 {
 		shares[i] = 0.3 / float64(n-1)
 	}
 	return shares
+}
+
+// BenchmarkFleetUseUnderDelays measures what the fleet uses of the limit
+// when reports reach the server up to a second late and answers reach
+// the Envoys up to --rlqs-margin late, at random: 1, 3 or 10 Envoys, even
+// or 70 % on one, with or without a bucket of another counter beside
+// (half its limit), over one instance or three, offered half, once and
+// three times the limit, minute windows of 600, five of them. It reports
+// the worst window after the first: of the limit at three times it
+// (use_3x), of the demand at once and half (use_le1x). The bound itself
+// is TestFleetBoundUnderDelays'.
+//
+//	go test -run XXX -bench FleetUseUnderDelays -benchtime 4x ./internal/rlqs/
+func BenchmarkFleetUseUnderDelays(b *testing.B) {
+	const limit = 600
+	srv := redistest.Start(b)
+	worst3, worstLE1 := 1.0, 1.0
+	var table []string
+	for iter := range b.N {
+		run := uint64(0)
+		for _, n := range []int{1, 3, 10} {
+			for _, skew := range []bool{false, true} {
+				if n == 1 && skew {
+					continue
+				}
+				for _, beside := range []float64{0, 0.5} {
+					for _, demand := range []float64{0.5, 1, 3} {
+						run++
+						cfg := simConfig{envoys: n, demand: demand, settings: rlqstest.Strict, limit: limit, beside: beside,
+							servers: 1 + 2*int(run%2), jitter: rand.New(rand.NewPCG(uint64(iter), run)), redis: srv}
+						if skew {
+							cfg.shares = skewed(n)
+						}
+						s := newSim(b, cfg)
+						s.run(5 * time.Minute)
+						s.close()
+						var cells []string
+						for i, w := range s.windows() {
+							got, asked := float64(s.admitted[w]), float64(s.demand[w])
+							cells = append(cells, fmt.Sprintf("%.0f/%.0f", got, asked))
+							switch {
+							case i == 0:
+							case demand == 3:
+								worst3 = min(worst3, got/limit)
+							default:
+								worstLE1 = min(worstLE1, got/asked)
+							}
+						}
+						table = append(table, fmt.Sprintf("| %d envoys %s, beside %.1fx, %d instances, %.1fx | %s |", n,
+							map[bool]string{false: "even", true: "skewed"}[skew], beside, cfg.servers, demand, strings.Join(cells, " · ")))
+					}
+				}
+			}
+		}
+	}
+	b.ReportMetric(worst3, "use_3x")
+	b.ReportMetric(worstLE1, "use_le1x")
+	b.Logf("admitted/demanded per minute window:\n%s", strings.Join(table, "\n"))
 }
