@@ -2,19 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
-	"net/http/pprof"
 	"os"
 	"strings"
 	"sync"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/persecond"
@@ -114,88 +107,4 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	if l.log.Enabled(ctx, slog.LevelDebug) {
 		l.log.DebugContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 	}
-}
-
-// cmdline is pprof's /debug/pprof/cmdline without the secrets of a Redis
-// URL given on the command line.
-func cmdline(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	args := make([]string, len(os.Args))
-	for i, a := range os.Args {
-		args[i] = redisstore.Redact(a)
-	}
-	fmt.Fprint(w, strings.Join(args, "\x00"))
-}
-
-// startDebug serves pprof on addr until the returned stop is called.
-func startDebug(addr string, log *slog.Logger) (stop func(), err error) {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return serveAside("--debug-addr", addr, mux, log)
-}
-
-// serveAside serves h on addr, a listener of its own beside the main
-// ones, until the returned stop is called, which closes the server and
-// waits for its goroutine. flag names addr in errors and logs.
-func serveAside(flag, addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", flag, err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := srv.Serve(lis); err != nil && err != http.ErrServerClosed {
-			log.Error("server stopped", "flag", flag, "err", err)
-		}
-	})
-	log.Info("serving on "+flag, "addr", lis.Addr().String())
-	return func() {
-		_ = srv.Close()
-		wg.Wait()
-	}, nil
-}
-
-// newCompatStats makes the counters of envoyproxy/ratelimit's stats when
-// a sink wants them (--statsd-addr, --compat-metrics-addr), else nil.
-func newCompatStats(ctx context.Context, s *settings, getenv func(string) string, m *metrics.Metrics, log *slog.Logger) (*compatstats.Stats, error) {
-	st := &s.stats
-	if st.opts.StatsdAddr == "" && st.compatAddr == "" {
-		return nil, nil
-	}
-	opts := st.opts
-	opts.OnSinkError, opts.Logger, opts.Getenv = m.StatsSinkError, log, getenv
-	if st.mapper != "" {
-		b, err := os.ReadFile(st.mapper)
-		if err != nil {
-			return nil, fmt.Errorf("--compat-metrics-mapper: %w", err)
-		}
-		opts.Mapping = string(b)
-	}
-	c, err := compatstats.New(ctx, opts)
-	switch {
-	case err != nil && st.mapper != "":
-		return nil, fmt.Errorf("--compat-metrics-mapper %s: %w", st.mapper, err)
-	case errors.Is(err, compatstats.ErrAddress):
-		return nil, fmt.Errorf("--statsd-addr: %w", err)
-	case err != nil:
-		return nil, err
-	}
-	if opts.StatsdAddr != "" {
-		log.Info("sending envoyproxy/ratelimit's stats to statsd", "addr", opts.StatsdAddr, "protocol", opts.StatsdProtocol, "every", opts.FlushInterval)
-	}
-	return c, nil
-}
-
-// serveCompat serves envoyproxy/ratelimit's stats as Prometheus metrics on
-// addr until the returned stop is called.
-func serveCompat(addr, path string, c *compatstats.Stats, log *slog.Logger) (stop func(), err error) {
-	mux := http.NewServeMux()
-	mux.Handle(path, promhttp.HandlerFor(c.Registry(), promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}))
-	return serveAside("--compat-metrics-addr", addr, mux, log)
 }
