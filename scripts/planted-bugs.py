@@ -295,6 +295,8 @@ muts = [
     ("276 RLQS grant lives to its window's end, answers late at random","internal/rlqs/sizing.go","ttl = (reset - s.opts.Margin).Truncate(time.Second)","ttl = reset.Truncate(time.Second)","./internal/rlqs","TestFleetBoundUnderDelays"),
     ("277 RLQS foreign bucket left on what it holds while it refuses nothing","internal/rlqs/session.go","\t\tif !ss.keep(b, now) && !b.needed {","\t\tif b.foreign && u.GetNumRequestsDenied() == 0 {\n\t\t\tcontinue\n\t\t}\n\t\tif !ss.keep(b, now) && !b.needed {","./internal/rlqs","TestFleetOverInstances|TestForeignBucket"),
     ("278 an open breaker lets every call wait on Redis","internal/redisstore/breaker.go","\tif !b.open.Load() {\n\t\treturn true, false\n\t}\n\tnow := time.Now().UnixNano()","\tif true {\n\t\treturn true, false\n\t}\n\tnow := time.Now().UnixNano()","./cmd/ratelimitd","TestRedisPausedUnderLoad"),
+    ("279 a flag missing from docs/configuration.md","docs/configuration.md","| `--rlqs-margin","| `rlqs-margin","./cmd/ratelimitd","TestFlagTablesMatchFlags"),
+    ("280 a flag registered but never documented","cmd/ratelimitd/settings.go","func rlqsFlags(fs *flag.FlagSet, s *settings) {\n","func rlqsFlags(fs *flag.FlagSet, s *settings) {\n\tfs.Bool(\"rlqs-undocumented\", false, \"\")\n","./cmd/ratelimitd","TestFlagTablesMatchFlags"),
     ("255 a call past its deadline still sent","internal/redisstore/batch.go","err := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {","var err error\n\t\tif false {","./internal/redisstore","TestExpiredCallsNotSent"),
     ("256 the Prometheus mapping loses three-part shadow_mode keys","internal/compatstats/default_mapper.yaml","([^\\.]*)(\\..*)?\\.shadow_mode'","([^\\.]*)(\\..*)\\.shadow_mode'","./internal/compatstats","TestDefaultMapper"),
 ]

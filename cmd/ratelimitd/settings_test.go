@@ -1,8 +1,11 @@
 package main
 
 import (
+	"flag"
 	"io"
 	"log/slog"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -147,5 +150,42 @@ func TestIncumbentArgsIgnored(t *testing.T) {
 	}
 	if _, err := parseSettings([]string{"--config", "rules.yaml", "--quotaRateLimitServiceAddr=x"}, func(string) string { return "" }, io.Discard); err == nil {
 		t.Error("an unknown flag taken without --env-compat")
+	}
+}
+
+// TestFlagTablesMatchFlags: every flag is in docs/configuration.md's
+// table, and every flag a table there or in the README names (its first
+// column) is one: the docs cannot lose a flag or keep one removed.
+func TestFlagTablesMatchFlags(t *testing.T) {
+	fs := newFlagSet(&settings{}, io.Discard)
+	known := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { known[f.Name] = true })
+	flagRef := regexp.MustCompile("`--([a-z0-9-]+)")
+	documented := func(path string) map[string]bool {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := map[string]bool{}
+		for _, line := range strings.Split(string(b), "\n") {
+			cells := strings.Split(line, "|")
+			if !strings.HasPrefix(line, "| `--") || len(cells) < 3 {
+				continue
+			}
+			for _, m := range flagRef.FindAllStringSubmatch(cells[1], -1) {
+				in[m[1]] = true
+				if !known[m[1]] {
+					t.Errorf("%s lists --%s, which is no flag", path, m[1])
+				}
+			}
+		}
+		return in
+	}
+	table := documented("../../docs/configuration.md")
+	documented("../../README.md")
+	for name := range known {
+		if !table[name] {
+			t.Errorf("docs/configuration.md's table lacks --%s", name)
+		}
 	}
 }
