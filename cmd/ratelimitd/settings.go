@@ -190,7 +190,7 @@ func decisionFlags(fs *flag.FlagSet, s *settings) {
 	fs.Var(positive(&o.UsageTimeout, service.DefaultUsageTimeout), "usage-timeout", "the longest a budget check (a call stating 0 hits) counts as in flight while its usage charge has not come: the ceiling of the horizon learned from how long streams last (twice their duration); whole seconds, at least 1s")
 	fs.BoolVar(&o.DecisionMetadata, "decision-metadata", false, "explain each decision in the response's dynamic_metadata (rule and reason per descriptor, under \"decisions\")")
 	fs.BoolVar(&o.ResponseMetadata, "response-dynamic-metadata", false, "return envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA in the response's dynamic_metadata: the domain, each descriptor's entries (and hitsAddend, limit), the request's hitsAddend, and the metadata of the rules of the descriptors answered OK, merged; beside --decision-metadata's \"decisions\"")
-	fs.Var(positiveRatio(&o.NearLimitRatio, 0.8), "near-limit-ratio", "share of a limit from which an OK decision counts as near_limit in metrics")
+	fs.Var(positiveRatio(&o.NearLimitRatio, compatstats.DefaultNearLimitRatio), "near-limit-ratio", "share of a limit from which an OK decision counts as near_limit in metrics")
 }
 
 func rlqsFlags(fs *flag.FlagSet, s *settings) {
@@ -413,18 +413,26 @@ func (s *settings) validateXDS() error {
 		return fmt.Errorf("--xds-before-rules %q: want unavailable or ok", x.beforeRules)
 	case x.opts.Server == "" && (x.tls || x.ca != "" || x.cert != "" || x.serverName != "" || x.nodeMeta != nil || x.headers != nil || x.startWithoutRules):
 		return errors.New("--xds-* need --xds-server")
-	case (x.cert == "") != (x.key == ""):
-		return errors.New("--xds-tls-cert and --xds-tls-key go together")
+	}
+	return certPair("xds", x.cert, x.key)
+}
+
+// certPair refuses a certificate without its key or a key without its
+// certificate: --<prefix>-tls-cert and --<prefix>-tls-key go together.
+func certPair(prefix, cert, key string) error {
+	if (cert == "") != (key == "") {
+		return fmt.Errorf("--%s-tls-cert and --%s-tls-key go together", prefix, prefix)
 	}
 	return nil
 }
 
 func (s *settings) validateRedis() error {
+	if err := certPair("redis", s.redisTLSCert, s.redisTLSKey); err != nil {
+		return err
+	}
 	switch {
 	case s.redisURL == "" && (s.redis.Mode != "" || s.redisTLSCA != "" || s.redisTLSCert != "" || s.redisPassFile != "" || s.redisPerSecondURL != ""):
 		return errors.New("--redis-mode, --redis-password-file, --redis-persecond-url and --redis-tls-* need --redis-url")
-	case (s.redisTLSCert == "") != (s.redisTLSKey == ""):
-		return errors.New("--redis-tls-cert and --redis-tls-key go together")
 	case (s.redisTLSCA != "" || s.redisTLSCert != "") && (!strings.HasPrefix(s.redisURL, "rediss://") ||
 		s.redisPerSecondURL != "" && !strings.HasPrefix(s.redisPerSecondURL, "rediss://")):
 		return errors.New("--redis-tls-* need rediss:// Redis URLs")
@@ -445,11 +453,12 @@ func (s *settings) validateCarry() error {
 }
 
 func (s *settings) validateServe() error {
+	if err := certPair("grpc", s.grpcTLSCert, s.grpcTLSKey); err != nil {
+		return err
+	}
 	switch {
 	case s.logFormat != "text" && s.logFormat != "json":
 		return fmt.Errorf("--log-format must be text or json, got %q", s.logFormat)
-	case (s.grpcTLSCert == "") != (s.grpcTLSKey == ""):
-		return errors.New("--grpc-tls-cert and --grpc-tls-key go together")
 	case s.grpcClientCA != "" && s.grpcTLSCert == "":
 		return errors.New("--grpc-client-ca needs --grpc-tls-cert and --grpc-tls-key")
 	case s.grpcMaxMessage < 1024:

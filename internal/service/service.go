@@ -90,7 +90,8 @@ type Options struct {
 	// means DefaultDeadlineMargin.
 	DeadlineMargin time.Duration
 	// NearLimitRatio marks an OK decision near_limit in metrics when the
-	// counter reaches this share of its limit. Zero means 0.8.
+	// counter reaches this share of its limit. Zero means
+	// compatstats.DefaultNearLimitRatio.
 	NearLimitRatio float64
 	// DecisionMetadata explains every decision in the response's
 	// dynamic_metadata: {"decisions": [{"rule": ..., "reason": ...}, ...]},
@@ -218,7 +219,7 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	}
 	opts.HeaderNames = opts.HeaderNames.withDefaults()
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
-		opts.NearLimitRatio = 0.8
+		opts.NearLimitRatio = compatstats.DefaultNearLimitRatio
 	}
 	s := &Service{store: store, cache: cache, opts: opts, log: opts.Logger, now: opts.Now, m: opts.Metrics}
 	if s.log == nil {
