@@ -5,20 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"sync"
 	"time"
 
-	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/config"
-	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
@@ -352,147 +348,6 @@ func newResponse(n int) (*rlsv3.RateLimitResponse, []*rlsv3.RateLimitResponse_De
 	}
 	statuses := make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
 	return &rlsv3.RateLimitResponse{Statuses: statuses}, statuses, make([]statusSlab, n)
-}
-
-// respond builds the response from the decided items and counts each
-// decision.
-func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []*rlcommon.RateLimitDescriptor, items []item, checks []limit.Check, states []checkState) *rlsv3.RateLimitResponse {
-	domain := req.GetDomain()
-	now := s.now()
-	compat := s.compatRules.Load()
-	resp, statuses, slab := newResponse(len(items))
-	overLimit, quotaTotal, quotaOver := false, 0, 0
-	stored := storeAdmitted(checks, states)
-	var reasons []any
-	if s.opts.DecisionMetadata {
-		reasons = make([]any, len(items))
-	}
-	explain := func(i int, reason string) {
-		if reasons != nil {
-			reasons[i] = map[string]any{"rule": items[i].label, "reason": reason}
-		}
-	}
-	// resetUS adds the exact time to the reset, in µs, to a decided
-	// descriptor's explanation: duration_until_reset is whole seconds.
-	resetUS := func(i int, us int64) {
-		if reasons != nil {
-			reasons[i].(map[string]any)["reset_us"] = float64(max(us, 0))
-		}
-	}
-	for i := range items {
-		it := &items[i]
-		st := &slab[i].st
-		st.Code = rlsv3.RateLimitResponse_OK
-		statuses[i] = st
-		switch it.kind {
-		case noLimit:
-			if it.replaced {
-				explain(i, ReasonReplaced)
-			} else {
-				explain(i, ReasonNoRule)
-			}
-			continue
-		case unlimited:
-			st.LimitRemaining = math.MaxUint32
-			s.m.Decision(domain, it.label, OutcomeUnlimited)
-			explain(i, OutcomeUnlimited)
-			continue
-		}
-		st.CurrentLimit = &slab[i].lim
-		// The response's limit is a uint32: a larger budget shows as its
-		// most (headers and remaining counts carry the whole value).
-		st.CurrentLimit.Name, st.CurrentLimit.RequestsPerUnit = it.name, uint32(min(it.rpu, math.MaxUint32))
-		st.CurrentLimit.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(it.unit)
-		if it.mult > 1 {
-			st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(it.mult)
-		}
-		cs := &states[it.check]
-		over, outcome := false, OutcomeOK
-		if !it.refund {
-			s.m.Hit(domain, it.label, hitsResult(&checks[it.check], cs, stored), it.hits)
-		}
-		var stats *compatstats.Counters
-		if compat != nil && !it.refund {
-			stats = compat.For(domain, it.rule, descs[i].GetEntries())
-			stats.Total(it.hits)
-		}
-		switch {
-		case cs.cached:
-			over, outcome = true, OutcomeLocalCache
-			st.DurationUntilReset = ceilSeconds(&slab[i].dur, cs.until.Sub(now))
-			stats.LocalCache(it.hits)
-		case cs.failed:
-			over, outcome = s.failureAnswer(it)
-		default:
-			ch := &checks[it.check]
-			if !ch.Refund && !it.refund {
-				over = cs.res.Over
-				if cs.read {
-					over = ch.Hits > cs.res.Remaining
-				}
-				// The counter's use before these hits: they were
-				// consumed only when the request was not refused.
-				before := cs.res.Used(it.rpu)
-				if !over && !cs.read {
-					before -= min(before, it.hits)
-				}
-				stats.Decided(it.hits, it.rpu, before, over)
-			}
-			if over {
-				outcome = OutcomeOverLimit
-				if !cs.read && ch.HeldByFlights(cs.res) {
-					// Refused for the budget's streams in flight, not a
-					// spent budget: what is left is real, and the reset
-					// is when a flight ends.
-					st.LimitRemaining = uint32(min(cs.res.Remaining, math.MaxUint32))
-				}
-			} else {
-				st.LimitRemaining = uint32(min(cs.res.Remaining, math.MaxUint32))
-				if float64(cs.res.Remaining) <= (1-s.opts.NearLimitRatio)*float64(it.rpu) {
-					outcome = OutcomeNearLimit
-				}
-			}
-			st.DurationUntilReset = untilReset(&slab[i].dur, it.algo, cs.res.ResetUS)
-		}
-		if it.quota {
-			quotaTotal++
-		}
-		if over && it.shadow {
-			over, outcome = false, OutcomeShadow
-			stats.Shadow(it.hits)
-		}
-		s.m.Decision(domain, it.label, outcome)
-		explain(i, outcome)
-		switch {
-		case cs.cached:
-			resetUS(i, cs.until.Sub(now).Microseconds())
-		case !cs.failed:
-			resetUS(i, cs.res.ResetUS)
-		}
-		if !over {
-			continue
-		}
-		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-		if it.quota {
-			quotaOver++
-		} else {
-			overLimit = true
-		}
-	}
-	resp.OverallCode = rlsv3.RateLimitResponse_OK
-	if overLimit || (quotaTotal > 0 && quotaOver == quotaTotal) {
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		if s.opts.ShadowMode {
-			resp.OverallCode = rlsv3.RateLimitResponse_OK
-			s.m.ShadowRequest()
-			s.opts.Compat.GlobalShadow()
-		}
-	}
-	if s.opts.ResponseHeaders != HeadersOff {
-		resp.ResponseHeadersToAdd = headers(s.opts.ResponseHeaders, s.opts.HeaderNames, items, statuses, states)
-	}
-	resp.DynamicMetadata = s.dynamicMetadata(req, items, statuses, reasons)
-	return resp
 }
 
 // storeAdmitted reports whether the store admitted the request, so that
