@@ -215,42 +215,9 @@ var ErrCanceled = errors.New("service: the caller canceled the call")
 // store decide the rest in one call. It returns an error only when the
 // caller canceled (ErrCanceled); a store failure is marked in states.
 func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []checkState) error {
-	now := s.now()
-	rejected := false
-	if s.cache != nil {
-		for c := range checks {
-			ch := &checks[c]
-			if ch.Refund || ch.NoVeto || ch.Charge() || ch.Hits == 0 && !ch.Usage {
-				// Only a consuming, vetoing request or a budget check may
-				// be short-circuited: a usage charge always reaches the
-				// store, where it is recorded.
-				continue
-			}
-			if until, ok := s.cache.Blocked(ch.Key, ch.Limit, now); ok {
-				states[c].cached, states[c].until = true, until
-				rejected = true
-			}
-		}
-	}
-	send := checks
-	var idx []int
-	if rejected {
-		// The request is rejected already: its other counters are read,
-		// not consumed (refunds still apply), and the exhausted ones cost
-		// no store call at all.
-		send = make([]limit.Check, 0, len(checks))
-		for c := range checks {
-			if states[c].cached {
-				continue
-			}
-			ch := checks[c]
-			if !ch.Refund && !ch.Charge() { // a charge is recorded when refused
-				ch.Hits, ch.Usage, ch.Kind, states[c].read = 0, false, limit.ByHits, true
-			}
-			send = append(send, ch)
-			idx = append(idx, c)
-		}
-		if len(send) == 0 {
+	send, idx := checks, []int(nil)
+	if s.cachedRefusals(checks, states) {
+		if send, idx = readOnly(checks, states); len(send) == 0 {
 			return nil
 		}
 	}
@@ -270,8 +237,59 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 		}
 		return nil
 	}
-	now = s.now()
-	for j := range send {
+	s.takeResults(checks, states, res, idx)
+	return nil
+}
+
+// cachedRefusals marks the checks the local cache knows exhausted and
+// reports whether there were any: the request is then refused already.
+// Only a consuming, vetoing request or a budget check may be
+// short-circuited: a usage charge always reaches the store, where it is
+// recorded.
+func (s *Service) cachedRefusals(checks []limit.Check, states []checkState) bool {
+	if s.cache == nil {
+		return false
+	}
+	now, rejected := s.now(), false
+	for c := range checks {
+		ch := &checks[c]
+		if ch.Refund || ch.NoVeto || ch.Charge() || ch.Hits == 0 && !ch.Usage {
+			continue
+		}
+		if until, ok := s.cache.Blocked(ch.Key, ch.Limit, now); ok {
+			states[c].cached, states[c].until = true, until
+			rejected = true
+		}
+	}
+	return rejected
+}
+
+// readOnly is what a request refused already sends the store, and whose
+// each is (idx): its other counters read, not consumed (refunds still
+// apply, a charge is recorded when refused), the exhausted ones not at
+// all.
+func readOnly(checks []limit.Check, states []checkState) (send []limit.Check, idx []int) {
+	send = make([]limit.Check, 0, len(checks))
+	for c := range checks {
+		if states[c].cached {
+			continue
+		}
+		ch := checks[c]
+		if !ch.Refund && !ch.Charge() {
+			ch.Hits, ch.Usage, ch.Kind, states[c].read = 0, false, limit.ByHits, true
+		}
+		send = append(send, ch)
+		idx = append(idx, c)
+	}
+	return send, idx
+}
+
+// takeResults puts the store's results in the checks' states (idx maps
+// them when only some were sent) and keeps the local cache: a refund
+// forgets a counter, an exhausted one is blocked until its reset.
+func (s *Service) takeResults(checks []limit.Check, states []checkState, res []limit.Result, idx []int) {
+	now := s.now()
+	for j := range res {
 		c := j
 		if idx != nil {
 			c = idx[j]
@@ -288,7 +306,6 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 			s.cache.Block(ch.Key, ch.Limit, now.Add(time.Duration(res[j].ResetUS)*time.Microsecond), now)
 		}
 	}
-	return nil
 }
 
 // ErrNoTime is the store error when the caller's deadline leaves less than
