@@ -108,77 +108,81 @@ func (s *Service) plan(req *rlsv3.RateLimitRequest, dom *config.Domain, items []
 		// Any call on a rule that takes usage may be part of a budget:
 		// classify says which (a refund never is).
 		it.usage = !it.refund
-		if dom == nil {
-			continue
-		}
-		if ov := d.GetLimit(); ov != nil {
-			// An override is counted on the descriptor's own entries; its
-			// value is not part of the key, so overrides cannot grow the
-			// key space, and it is never shadowed, replaced or named.
-			it.kind, it.override, it.label = counted, true, "override"
-			it.rpu, it.unit = uint64(ov.GetRequestsPerUnit()), config.Unit(ov.GetUnit())
-			it.windowUS = int64(it.unit.Duration() / 1000)
-			it.usage = it.usage && s.opts.RejectedHits == config.RejectedUsage
-			continue
-		}
-		r := dom.Match(d.GetEntries())
-		if r == nil || r.Limit == nil {
-			continue
-		}
-		l := r.Limit
-		for _, name := range l.Replaces {
-			if replaced == nil {
-				replaced = make(map[string]struct{}, len(l.Replaces))
-			}
-			replaced[name] = struct{}{}
-		}
-		it.rule, it.name, it.label = r, l.Name, l.Name
 		switch {
-		case r.DetailedMetric && s.m != nil:
-			it.label = s.detailed.label(dom.Name, r, d.GetEntries())
-		case it.label == "":
-			it.label = r.Path
-		}
-		it.shadow, it.quota, it.failure = r.ShadowMode, r.QuotaMode, r.FailureMode
-		if l.Unlimited {
-			it.kind = unlimited
-			continue
-		}
-		it.kind = counted
-		it.rpu, it.unit = l.RequestsPerUnit, l.Unit
-		it.windowUS = l.Window().Microseconds()
-		if l.Calendar || !l.CalendarSet && s.opts.CalendarPeriods && l.CalendarEligible() && dom.RLQSKeys == nil {
-			it.calendar, it.windowUS = limit.CalendarMonth, limit.CalendarMonthUS
-			if l.Unit == config.UnitYear {
-				it.calendar, it.windowUS = limit.CalendarYear, limit.CalendarYearUS
+		case dom == nil:
+		case d.GetLimit() != nil:
+			s.planOverride(it, d.GetLimit())
+		default:
+			r := dom.Match(d.GetEntries())
+			if r == nil || r.Limit == nil {
+				continue
 			}
+			for _, name := range r.Limit.Replaces {
+				if replaced == nil {
+					replaced = make(map[string]struct{}, len(r.Limit.Replaces))
+				}
+				replaced[name] = struct{}{}
+			}
+			s.planRule(it, dom, r, d.GetEntries())
 		}
-		it.algo, it.burst, it.mult, it.lease = limit.Algorithm(l.Algorithm), uint64(l.Burst), l.UnitMultiplier, l.Lease
-		rejected := l.RejectedHits
-		if rejected == config.RejectedUnset {
-			rejected = s.opts.RejectedHits
-		}
-		it.usage = it.usage && rejected == config.RejectedUsage
-		// A lease spends hits taken before they are used; a call stating
-		// its hits is decided in the store, where it is recorded. A
-		// request stating none keeps its lease and stays plain.
-		if it.lease && it.stated {
-			it.lease = false
-		}
-		it.usage = it.usage && !it.lease
 	}
 	s.classify(items)
-	if replaced == nil {
-		return
-	}
 	for i := range items {
-		if items[i].name == "" {
-			continue
-		}
-		if _, ok := replaced[items[i].name]; ok {
+		if _, ok := replaced[items[i].name]; ok && items[i].name != "" {
 			items[i].kind, items[i].replaced = noLimit, true
 		}
 	}
+}
+
+// planOverride fills the item of a descriptor carrying its own limit. An
+// override is counted on the descriptor's own entries; its value is not
+// part of the key, so overrides cannot grow the key space, and it is
+// never shadowed, replaced or named.
+func (s *Service) planOverride(it *item, ov *rlcommon.RateLimitDescriptor_RateLimitOverride) {
+	it.kind, it.override, it.label = counted, true, "override"
+	it.rpu, it.unit = uint64(ov.GetRequestsPerUnit()), config.Unit(ov.GetUnit())
+	it.windowUS = int64(it.unit.Duration() / 1000)
+	it.usage = it.usage && s.opts.RejectedHits == config.RejectedUsage
+}
+
+// planRule fills the item of a descriptor that matched rule r, which has
+// a rate_limit.
+func (s *Service) planRule(it *item, dom *config.Domain, r *config.Rule, ents []*rlcommon.RateLimitDescriptor_Entry) {
+	l := r.Limit
+	it.rule, it.name, it.label = r, l.Name, l.Name
+	switch {
+	case r.DetailedMetric && s.m != nil:
+		it.label = s.detailed.label(dom.Name, r, ents)
+	case it.label == "":
+		it.label = r.Path
+	}
+	it.shadow, it.quota, it.failure = r.ShadowMode, r.QuotaMode, r.FailureMode
+	if l.Unlimited {
+		it.kind = unlimited
+		return
+	}
+	it.kind = counted
+	it.rpu, it.unit = l.RequestsPerUnit, l.Unit
+	it.windowUS = l.Window().Microseconds()
+	if l.Calendar || !l.CalendarSet && s.opts.CalendarPeriods && l.CalendarEligible() && dom.RLQSKeys == nil {
+		it.calendar, it.windowUS = limit.CalendarMonth, limit.CalendarMonthUS
+		if l.Unit == config.UnitYear {
+			it.calendar, it.windowUS = limit.CalendarYear, limit.CalendarYearUS
+		}
+	}
+	it.algo, it.burst, it.mult, it.lease = limit.Algorithm(l.Algorithm), uint64(l.Burst), l.UnitMultiplier, l.Lease
+	rejected := l.RejectedHits
+	if rejected == config.RejectedUnset {
+		rejected = s.opts.RejectedHits
+	}
+	it.usage = it.usage && rejected == config.RejectedUsage
+	// A lease spends hits taken before they are used; a call stating its
+	// hits is decided in the store, where it is recorded. A request
+	// stating none keeps its lease and stays plain.
+	if it.lease && it.stated {
+		it.lease = false
+	}
+	it.usage = it.usage && !it.lease
 }
 
 // counterKey encodes the counter of a counted item. With share_threshold,
