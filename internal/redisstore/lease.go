@@ -91,106 +91,134 @@ type reservation struct {
 // Redis in one call, and the reservations are kept only if Redis admits:
 // all or nothing across both.
 func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
-	results := make([]limit.Result, len(checks))
-	var res []reservation
-	// What Redis decides: the checks without lease, and what the grants
-	// lack of the others; idx says whose each is, grants whose grant.
-	var sub []limit.Check
-	var idx []int
-	var grants []*grant
-	toRedis := func(i int, g *grant, hits uint64) {
-		c := checks[i]
-		c.Hits, c.Lease = hits, false
-		sub, idx, grants = append(sub, c), append(idx, i), append(grants, g)
-	}
-	short, cold := false, false
-
+	p := leasePlan{results: make([]limit.Result, len(checks))}
 	l.mu.Lock()
 	// The clock is read once the lock is held: a request that waited for
 	// it (or was paused before) while its window ended must not use the
 	// ended window's grant.
-	now := l.now()
+	p.now = l.now()
 	for i := range checks {
-		c := &checks[i]
-		if !c.Lease || c.NoVeto || c.Hits == 0 {
-			toRedis(i, nil, c.Hits)
-			continue
-		}
-		g := l.entry(c, now)
-		if g == nil {
-			toRedis(i, nil, c.Hits)
-			continue
-		}
-		valid := now.Before(g.validTill)
-		hits := c.SaturatedHits()
-		if c.Refund {
-			// Back to the grant, as much of it as this process used of
-			// its grants (a refund in Redis never goes below zero
-			// either); the rest to Redis. Refunds apply whatever the
-			// request's decision, as in decide.lua.
-			var k uint64
-			if valid {
-				k = min(g.used, hits)
-				g.used -= k
-				g.avail += k
-			}
-			if k == hits {
-				results[i] = l.answer(g, now)
-				continue
-			}
-			rest := hits - k
-			if valid {
-				// The rest goes to Redis with what is held here: a
-				// refund that empties the counter there must not free
-				// the hits of this grant too, which would then be used
-				// twice. (Hits held past their window are not the
-				// current window's to give back.)
-				rest += g.avail
-				l.m.LeaseGivenBack(g.avail, 0)
-				g.avail, g.used = 0, 0
-				g.gen++
-			}
-			toRedis(i, g, rest)
-			continue
-		}
-		g.asked += hits
-		var r uint64
-		if valid {
-			r = min(g.avail, hits)
-			g.avail -= r
-			g.used += r
-			if r > 0 {
-				res = append(res, reservation{g, g.gen, r})
-			}
-		}
-		if r == hits {
-			results[i] = l.answer(g, now)
-			continue
-		}
-		// The grant falls short: Redis decides the rest, which holds
-		// exactly the decision without a lease (the counter in Redis
-		// includes the hits reserved here).
-		switch {
-		case g.granted:
-			short = true
-		case l.earns(g, now):
-			short = true // warming up: the refiller's next pass grants
-		default:
-			cold = true // decided in Redis until its rate earns a grant
-		}
-		toRedis(i, g, hits-r)
+		l.reserve(&p, checks, i)
 	}
 	l.mu.Unlock()
+	l.noteHow(ctx, &p)
+	if len(p.sub) == 0 {
+		return p.results, nil
+	}
+	got, err := l.s.evaluateExact(ctx, p.sub)
+	return l.settle(&p, got, err)
+}
+
+// leasePlan is one request's way through the leases: what the grants
+// reserved, and what Redis decides (the checks without lease and what
+// the grants lack of the others; idx says whose each is, grants whose
+// grant).
+type leasePlan struct {
+	now         time.Time
+	results     []limit.Result
+	res         []reservation
+	sub         []limit.Check
+	idx         []int
+	grants      []*grant
+	short, cold bool
+}
+
+func (p *leasePlan) toRedis(checks []limit.Check, i int, g *grant, hits uint64) {
+	c := checks[i]
+	c.Hits, c.Lease = hits, false
+	p.sub, p.idx, p.grants = append(p.sub, c), append(p.idx, i), append(p.grants, g)
+}
+
+// reserve decides check i from its grant where the grant holds its hits,
+// reserves what it holds, and leaves the rest to Redis. Called with mu
+// held.
+func (l *leases) reserve(p *leasePlan, checks []limit.Check, i int) {
+	c := &checks[i]
+	if !c.Lease || c.NoVeto || c.Hits == 0 {
+		p.toRedis(checks, i, nil, c.Hits)
+		return
+	}
+	g := l.entry(c, p.now)
+	if g == nil {
+		p.toRedis(checks, i, nil, c.Hits)
+		return
+	}
+	valid := p.now.Before(g.validTill)
+	hits := c.SaturatedHits()
+	if c.Refund {
+		l.refund(p, checks, i, g, valid, hits)
+		return
+	}
+	g.asked += hits
+	var r uint64
+	if valid {
+		r = min(g.avail, hits)
+		g.avail -= r
+		g.used += r
+		if r > 0 {
+			p.res = append(p.res, reservation{g, g.gen, r})
+		}
+	}
+	if r == hits {
+		p.results[i] = l.answer(g, p.now)
+		return
+	}
+	// The grant falls short: Redis decides the rest, which holds exactly
+	// the decision without a lease (the counter in Redis includes the
+	// hits reserved here).
+	switch {
+	case g.granted:
+		p.short = true
+	case l.earns(g, p.now):
+		p.short = true // warming up: the refiller's next pass grants
+	default:
+		p.cold = true // decided in Redis until its rate earns a grant
+	}
+	p.toRedis(checks, i, g, hits-r)
+}
+
+// refund gives a leased refund back to the grant, as much of it as this
+// process used of its grants (a refund in Redis never goes below zero
+// either); the rest to Redis. Refunds apply whatever the request's
+// decision, as in decide.lua. Called with mu held.
+func (l *leases) refund(p *leasePlan, checks []limit.Check, i int, g *grant, valid bool, hits uint64) {
+	var k uint64
+	if valid {
+		k = min(g.used, hits)
+		g.used -= k
+		g.avail += k
+	}
+	if k == hits {
+		p.results[i] = l.answer(g, p.now)
+		return
+	}
+	rest := hits - k
+	if valid {
+		// The rest goes to Redis with what is held here: a refund that
+		// empties the counter there must not free the hits of this grant
+		// too, which would then be used twice. (Hits held past their
+		// window are not the current window's to give back.)
+		rest += g.avail
+		l.m.LeaseGivenBack(g.avail, 0)
+		g.avail, g.used = 0, 0
+		g.gen++
+	}
+	p.toRedis(checks, i, g, rest)
+}
+
+// noteHow counts how the request was decided (local, waited for a grant,
+// cold) and wakes the refiller when a grant fell short.
+func (l *leases) noteHow(ctx context.Context, p *leasePlan) {
 	how := "local"
 	switch {
-	case short:
+	case p.short:
 		how = "waited"
 		l.kick()
-	case cold:
+	case p.cold:
 		// The refiller's next tick measures the rate: waking it for each
 		// request of a cold counter would only walk the map again.
 		how = "cold"
-	case len(sub) > 0:
+	case len(p.sub) > 0:
 		how = ""
 	}
 	if how != "" {
@@ -199,24 +227,24 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 			span.SetAttributes(attribute.String("ratelimit.lease", how))
 		}
 	}
-	if len(sub) == 0 {
-		return results, nil
-	}
+}
 
-	got, err := l.s.evaluateExact(ctx, sub)
+// settle takes Redis's decision of what the grants did not: the
+// reservations are kept if the request is admitted, put back otherwise.
+func (l *leases) settle(p *leasePlan, got []limit.Result, err error) ([]limit.Result, error) {
 	admitted := err == nil
 	if err == nil {
-		for j, i := range idx {
-			if got[j].Over && !sub[j].NoVeto && !sub[j].Refund {
+		for j, i := range p.idx {
+			if got[j].Over && !p.sub[j].NoVeto && !p.sub[j].Refund {
 				admitted = false
 			}
-			results[i] = got[j]
+			p.results[i] = got[j]
 		}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !admitted {
-		for _, r := range res {
+		for _, r := range p.res {
 			if r.g.gen == r.gen {
 				r.g.avail += r.hits
 				r.g.used -= r.hits
@@ -227,18 +255,18 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 		if err != nil {
 			return nil, err
 		}
-		return results, nil
+		return p.results, nil
 	}
 	// Redis has the counters' latest word: keep it for the answers.
-	for j, g := range grants {
+	for j, g := range p.grants {
 		if g != nil {
 			g.remaining = got[j].Remaining
 			if got[j].Over {
-				g.dryUntil = now.Add(time.Duration(got[j].ResetUS) * time.Microsecond)
+				g.dryUntil = p.now.Add(time.Duration(got[j].ResetUS) * time.Microsecond)
 			}
 		}
 	}
-	return results, nil
+	return p.results, nil
 }
 
 // entry returns the grant of c's counter, made on first use, or nil when
