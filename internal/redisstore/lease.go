@@ -325,11 +325,56 @@ func (l *leases) run(done <-chan struct{}) {
 func (l *leases) pass(all bool) {
 	now := l.now()
 	idleAfter := max(time.Second, 10*l.interval)
-	var ops []GrantOp
-	var gs []*grant
 	l.mu.Lock()
-	// Counters idle for idleAfter leave the map, so a pass walks those
-	// in use lately (at most maxLeaseEntries).
+	ops, gs := l.passOps(now, idleAfter, all)
+	if len(ops) > 0 && !all && l.s.breaker.isOpen() {
+		// Redis is known down: what is held keeps deciding; asking
+		// would only wait.
+		for _, g := range gs {
+			g.inFlight = false
+		}
+		ops = nil
+	}
+	l.mu.Unlock()
+	if len(ops) == 0 {
+		return
+	}
+	start := l.now()
+	// Refills wait longer than a request would: they are ahead of need,
+	// and an answer that comes late still serves.
+	ctx, cancel := context.WithTimeout(context.Background(), max(l.s.timeout, 2*l.interval))
+	out, err := l.s.grantCall(ctx, ops)
+	cancel()
+	l.m.LeaseRefill(err == nil)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, g := range gs {
+		g.inFlight = false
+		switch {
+		case err != nil:
+			if ops[i].GiveBack {
+				if all {
+					l.m.LeaseLost(ops[i].Check.Hits)
+				} else {
+					g.avail += ops[i].Check.Hits // the next pass tries again
+				}
+			}
+		case ops[i].GiveBack:
+			// What did not go back (its window ended meanwhile) is lost.
+			l.m.LeaseGivenBack(out[i].Hits, ops[i].Check.Hits-out[i].Hits)
+			if !all && now.Sub(g.lastUse) > idleAfter {
+				delete(l.entries, g.check.Key)
+			}
+		default:
+			l.granted(g, out[i], start)
+		}
+	}
+}
+
+// passOps walks the counters in use lately (at most maxLeaseEntries:
+// those idle for idleAfter leave the map) and returns the takes and
+// give-backs due, their grants marked in flight. Called with mu held.
+func (l *leases) passOps(now time.Time, idleAfter time.Duration, all bool) (ops []GrantOp, gs []*grant) {
 	for k, g := range l.entries {
 		if g.inFlight {
 			continue
@@ -368,75 +413,39 @@ func (l *leases) pass(all bool) {
 			g.inFlight = true
 		}
 	}
-	if len(ops) > 0 && !all && l.s.breaker.isOpen() {
-		// Redis is known down: what is held keeps deciding; asking
-		// would only wait.
-		for _, g := range gs {
-			g.inFlight = false
+	return ops, gs
+}
+
+// granted takes a grant's answer in: the hits held, until when they
+// may be used (on this clock, counted from start, when the call was
+// sent), and what the counter has left. Called with mu held.
+func (l *leases) granted(g *grant, r GrantResult, start time.Time) {
+	l.m.LeaseGranted(r.Hits)
+	reset := time.Duration(r.ResetUS) * time.Microsecond
+	if g.check.Algorithm == limit.TokenBucket {
+		// A bucket's tokens have no window: held ones are given back
+		// after two intervals, so that what this process admits over
+		// any span stays near the bucket's own bound.
+		g.validTill = start.Add(2 * l.interval)
+	} else {
+		if r.WindowEndUS != g.windowEnd {
+			if g.avail > 0 {
+				l.m.LeaseLost(g.avail)
+			}
+			g.avail, g.used = 0, 0
+			g.gen++
 		}
-		ops = nil
+		g.windowEnd = r.WindowEndUS
+		// From when the call was sent: the script ran later, so the
+		// window ends no sooner than this on this clock.
+		g.validTill = start.Add(reset - l.margin)
 	}
-	l.mu.Unlock()
-	if len(ops) == 0 {
-		return
-	}
-	start := l.now()
-	// Refills wait longer than a request would: they are ahead of need,
-	// and an answer that comes late still serves.
-	ctx, cancel := context.WithTimeout(context.Background(), max(l.s.timeout, 2*l.interval))
-	out, err := l.s.grantCall(ctx, ops)
-	cancel()
-	l.m.LeaseRefill(err == nil)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for i, g := range gs {
-		g.inFlight = false
-		if err != nil {
-			if ops[i].GiveBack {
-				if all {
-					l.m.LeaseLost(ops[i].Check.Hits)
-				} else {
-					g.avail += ops[i].Check.Hits // the next pass tries again
-				}
-			}
-			continue
-		}
-		r := out[i]
-		if ops[i].GiveBack {
-			// What did not go back (its window ended meanwhile) is lost.
-			l.m.LeaseGivenBack(r.Hits, ops[i].Check.Hits-r.Hits)
-			if !all && now.Sub(g.lastUse) > idleAfter {
-				delete(l.entries, g.check.Key)
-			}
-			continue
-		}
-		l.m.LeaseGranted(r.Hits)
-		reset := time.Duration(r.ResetUS) * time.Microsecond
-		if g.check.Algorithm == limit.TokenBucket {
-			// A bucket's tokens have no window: held ones are given back
-			// after two intervals, so that what this process admits over
-			// any span stays near the bucket's own bound.
-			g.validTill = start.Add(2 * l.interval)
-		} else {
-			if r.WindowEndUS != g.windowEnd {
-				if g.avail > 0 {
-					l.m.LeaseLost(g.avail)
-				}
-				g.avail, g.used = 0, 0
-				g.gen++
-			}
-			g.windowEnd = r.WindowEndUS
-			// From when the call was sent: the script ran later, so the
-			// window ends no sooner than this on this clock.
-			g.validTill = start.Add(reset - l.margin)
-		}
-		g.avail += r.Hits
-		g.granted = g.granted || r.Hits > 0
-		g.remaining = r.Remaining
-		g.resetAt = start.Add(reset)
-		if r.Hits == 0 {
-			g.dryUntil = g.resetAt
-		}
+	g.avail += r.Hits
+	g.granted = g.granted || r.Hits > 0
+	g.remaining = r.Remaining
+	g.resetAt = start.Add(reset)
+	if r.Hits == 0 {
+		g.dryUntil = g.resetAt
 	}
 }
 
