@@ -298,6 +298,7 @@ muts = [
     ("279 a flag missing from docs/configuration.md","docs/configuration.md","| `--rlqs-margin","| `rlqs-margin","./cmd/ratelimitd","TestFlagTablesMatchFlags"),
     ("280 a flag registered but never documented","cmd/ratelimitd/settings.go","func rlqsFlags(fs *flag.FlagSet, s *settings) {\n","func rlqsFlags(fs *flag.FlagSet, s *settings) {\n\tfs.Bool(\"rlqs-undocumented\", false, \"\")\n","./cmd/ratelimitd","TestFlagTablesMatchFlags"),
     ("281 a replaced limit still counted","internal/service/plan.go","items[i].kind, items[i].replaced = noLimit, true","items[i].replaced = true","./internal/service ./cmd/ratelimitd","TestUnlimitedAndReplaces|TestExplain"),
+    ("282 a Cluster redirection not followed","internal/redisstore/batch.go","\t\tcase err != nil && isRedirect(err):\n","\t\tcase false && isRedirect(err):\n","./internal/redisstore","TestClusterMoved"),
     ("255 a call past its deadline still sent","internal/redisstore/batch.go","err := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {","var err error\n\t\tif false {","./internal/redisstore","TestExpiredCallsNotSent"),
     ("256 the Prometheus mapping loses three-part shadow_mode keys","internal/compatstats/default_mapper.yaml","([^\\.]*)(\\..*)?\\.shadow_mode'","([^\\.]*)(\\..*)\\.shadow_mode'","./internal/compatstats","TestDefaultMapper"),
 ]

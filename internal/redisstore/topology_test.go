@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
@@ -324,9 +325,28 @@ func TestClusterMoved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The new owner first (it bumps its config epoch as it takes the
+	// slot), then the old one and the third; and the move is awaited on
+	// every node: a node that gossip had not yet told could send the
+	// store's retry back to the old owner (seen once: MOVED to it).
+	order := []int{(owner + 1) % 3, owner, (owner + 2) % 3}
+	for _, k := range order {
+		if err := nodes[k].Client().Do(ctx, "CLUSTER", "SETSLOT", sl, "NODE", targetID).Err(); err != nil {
+			t.Fatalf("SETSLOT on %s: %v", nodes[k].Addr(), err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
 	for _, n := range nodes {
-		if err := n.Client().Do(ctx, "CLUSTER", "SETSLOT", sl, "NODE", targetID).Err(); err != nil {
-			t.Fatalf("SETSLOT on %s: %v", n.Addr(), err)
+		for {
+			err := n.Client().Get(ctx, key).Err()
+			addr, moved := redis.IsMovedError(err)
+			if n == target && !moved || moved && addr == target.Addr() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s does not send slot %d to %s after 10 s: %v", n.Addr(), sl, target.Addr(), err)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	r, err := s.Evaluate(ctx, []limit.Check{{Key: key, Limit: 5, WindowUS: 3600e6, Hits: 1}})
