@@ -116,13 +116,13 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 			}
 			flags := 0
 			if c.Refund {
-				flags |= 1
+				flags |= flagRefund
 			}
 			if c.NoVeto {
-				flags |= 2
+				flags |= flagNoVeto
 			}
 			if c.Usage {
-				flags |= 4 | int(c.Kind)<<4
+				flags |= flagUsage + int(c.Kind)*kindUnit
 			}
 			hits := c.SaturatedHits()
 			if hits >= bigHits {
@@ -130,9 +130,9 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 				// they go after the keys' values, and the key holds
 				// their place.
 				big = append(big, hits)
-				hits, flags = uint64(len(big)), flags|8
+				hits, flags = uint64(len(big)), flags|flagBig
 			}
-			perKey = append(perKey, hits<<20|uint64((q+1)*64+flags))
+			perKey = append(perKey, hits<<hitsShift|uint64((q+1)*ruleUnit+flags))
 		}
 	}
 	args := make([]any, 0, 3+len(reqs)+4*len(rules)+len(perKey))
@@ -146,13 +146,30 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	}
 	args = append(args, len(rules))
 	for _, ru := range rules {
-		args = append(args, ru.limit, ru.windowUS, int64(ru.algorithm)+4*int64(ru.calendar)+16*ru.flightS, ru.burst)
+		args = append(args, ru.limit, ru.windowUS, int64(ru.algorithm)+calendarUnit*int64(ru.calendar)+flightUnit*ru.flightS, ru.burst)
 	}
 	return keys, append(append(args, perKey...), big...), nil
 }
 
 // bigHits are hits too large to pack with a key's rule and flags.
 const bigHits = 1 << 32
+
+// The script's contract (decide.lua's header; TestScriptContract holds
+// each to the script's constant of the same meaning). A key's argument is
+// hits<<hitsShift + rule*ruleUnit + flags, the usage kind in the flags as
+// kind*kindUnit; a rule's third argument is algorithm +
+// calendar*calendarUnit + FlightS*flightUnit.
+const (
+	hitsShift    = 20 // HITS_UNIT = 2^20
+	ruleUnit     = 64 // RULE_UNIT
+	kindUnit     = 16 // KIND_UNIT
+	flagRefund   = 1  // FLAG_REFUND
+	flagNoVeto   = 2  // FLAG_NO_VETO: shadow
+	flagUsage    = 4  // FLAG_USAGE: a rule that takes usage after the fact
+	flagBig      = 8  // FLAG_BIG: the hits follow the keys' values
+	calendarUnit = 4  // CALENDAR_UNIT
+	flightUnit   = 16 // FLIGHT_UNIT
+)
 
 // maxRules bounds the distinct rules of one script call (see scriptArgs);
 // beyond scanRules, scriptArgs finds them through a map.

@@ -58,6 +58,11 @@
 -- (1-based) times RULE_UNIT, plus the flags.
 local HITS_UNIT, RULE_UNIT, KIND_UNIT = 1048576, 64, 16
 local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE, FLAG_BIG = 1, 2, 4, 8
+-- A rule's third argument: algorithm + CALENDAR_UNIT * calendar +
+-- FLIGHT_UNIT * the seconds a budget check stays in flight.
+local CALENDAR_UNIT, FLIGHT_UNIT = 4, 16
+-- The algorithms (limit.Algorithm).
+local FIXED_WINDOW, SLIDING_WINDOW, TOKEN_BUCKET = 0, 1, 2
 -- The usage kinds (limit.UsageKind) and the flags of a request stating no
 -- hits on a usage rule (usage, QUIET), which the fast path takes.
 local BY_HITS, ZERO_CHARGE, COST_CHECK, QUIET = 0, 1, 2, 3
@@ -141,12 +146,12 @@ local lim, win, alg, e, ws, pre, pat, ppat, ppm, ival, cap, ttl, fsec = {}, {}, 
 for q = 1, Q do
   local b = 4 + C + (q - 1) * 4
   local l, w, a, burst = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  local fs = floor(a / 16)
-  a = a - fs * 16
-  local cal = floor(a / 4)
-  a = a - cal * 4
+  local fs = floor(a / FLIGHT_UNIT)
+  a = a - fs * FLIGHT_UNIT
+  local cal = floor(a / CALENDAR_UNIT)
+  a = a - cal * CALENDAR_UNIT
   lim[q], win[q], alg[q], fsec[q] = l, w, a, fs
-  if a == 2 then
+  if a == TOKEN_BUCKET then
     if l > 0 then
       ival[q] = idiv(w + l - 1, l)
       if burst == 0 then burst = l end
@@ -158,7 +163,7 @@ for q = 1, Q do
     if cal > 0 then ws[q], we = calendar(cal) end
     e[q] = we
     pre[q] = format('%d:', we)
-    if a == 1 then
+    if a == SLIDING_WINDOW then
       pat[q] = '^' .. pre[q] .. '(%d+):(%d+)$'
       ppat[q] = format('^%d:(%%d+):%%d+$', we - w)
       ppm[q] = idiv(we - now, w / 1000000)
@@ -356,7 +361,7 @@ local function decide(k0, n)
     end
     if not raw then raw = nil end
     local a, c, p, o, bs, rl = alg[q], 0, 0, false, false, 0
-    if a == 0 then
+    if a == FIXED_WINDOW then
       if raw then
         local sc = match(raw, pat[q])
         if sc then
@@ -373,7 +378,7 @@ local function decide(k0, n)
       else
         o = not refund and c + h > lim[q]
       end
-    elseif a == 1 then
+    elseif a == SLIDING_WINDOW then
       if raw then
         local sc, sp = match(raw, pat[q])
         if sc then
@@ -418,7 +423,7 @@ local function decide(k0, n)
     local consume = (admitted and not o or charge) and not refund
     local a, l = alg[q], lim[q]
     local remaining, reset, val, ex = 0, 0, nil, nil
-    if a == 2 then
+    if a == TOKEN_BUCKET then
       if l == 0 then
         reset = win[q]
       else
@@ -448,12 +453,12 @@ local function decide(k0, n)
       elseif consume then
         c = c + h
         if c > MAXSC then
-          if a == 1 then c = MAXSC elseif c > MAXC then c = MAXC end
+          if a == SLIDING_WINDOW then c = MAXSC elseif c > MAXC then c = MAXC end
         end
       end
       reset = e[q] - now
       ex = ttl[q]
-      if a == 1 then
+      if a == SLIDING_WINDOW then
         local est = c + idiv(p * ppm[q], 1000000)
         if est < l then remaining = l - est end
         if c > 0 or p > 0 then val = pre[q] .. num(c) .. ':' .. num(p) end
@@ -506,7 +511,7 @@ local function fast(k)
   local fl = rf % RULE_UNIT
   if fl ~= 0 and fl ~= QUIET_FLAGS then return false end
   local q = (rf - fl) / RULE_UNIT
-  if alg[q] ~= 0 then return false end
+  if alg[q] ~= FIXED_WINDOW then return false end
   local key = KEYS[k]
   local raw = written[key]
   if raw == nil then raw = vals[k] end

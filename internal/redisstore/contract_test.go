@@ -1,0 +1,62 @@
+package redisstore
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+)
+
+// TestScriptContract holds decide.lua's named constants to the Go ones of
+// the same meaning: how script.go packs a key's and a rule's arguments,
+// the algorithms, the usage kinds, a budget's horizon and the counts'
+// saturation. A number changed on one side only fails here, not in a
+// decision some traffic happens to reach.
+func TestScriptContract(t *testing.T) {
+	src, err := scriptFS.ReadFile("scripts/decide.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lua := map[string]int64{}
+	decl := regexp.MustCompile(`(?m)^local ([A-Z_][A-Z0-9_]*(?:, [A-Z_][A-Z0-9_]*)*) = ([0-9]+(?:, [0-9]+)*)$`)
+	for _, m := range decl.FindAllStringSubmatch(string(src), -1) {
+		names, vals := strings.Split(m[1], ", "), strings.Split(m[2], ", ")
+		if len(names) != len(vals) {
+			t.Fatalf("decide.lua: %q: %d names, %d values", m[0], len(names), len(vals))
+		}
+		for i, n := range names {
+			v, err := strconv.ParseInt(vals[i], 10, 64)
+			if err != nil {
+				t.Fatalf("decide.lua: %s = %q: %v", n, vals[i], err)
+			}
+			lua[n] = v
+		}
+	}
+	for name, want := range map[string]int64{
+		"HITS_UNIT": 1 << hitsShift, "RULE_UNIT": ruleUnit, "KIND_UNIT": kindUnit,
+		"FLAG_REFUND": flagRefund, "FLAG_NO_VETO": flagNoVeto, "FLAG_USAGE": flagUsage, "FLAG_BIG": flagBig,
+		"CALENDAR_UNIT": calendarUnit, "FLIGHT_UNIT": flightUnit,
+		"FIXED_WINDOW": int64(limit.FixedWindow), "SLIDING_WINDOW": int64(limit.SlidingWindow), "TOKEN_BUCKET": int64(limit.TokenBucket),
+		"BY_HITS": int64(limit.ByHits), "ZERO_CHARGE": int64(limit.ZeroCharge), "COST_CHECK": int64(limit.CostCheck), "QUIET": int64(limit.QuietCost),
+		"MIN_FLIGHT": limit.MinFlightMS, "COLD_FLIGHT": limit.ColdFlightMS, "SAMPLE_CHARGES": limit.SampleCharges, "COLD_IN_FLIGHT": limit.ColdInFlight,
+		"MAXC": limit.MaxCount, "MAXSC": limit.MaxSlidingCount,
+	} {
+		got, ok := lua[name]
+		switch {
+		case !ok:
+			t.Errorf("decide.lua declares no %s", name)
+		case got != want:
+			t.Errorf("decide.lua's %s = %d, Go's %d", name, got, want)
+		}
+	}
+	// Packed fields must not overlap: the flags and the kind below the
+	// rule's unit, the rule below the hits'.
+	if flagBig*2 > kindUnit || 4*kindUnit > ruleUnit || (maxRules+1)*ruleUnit > 1<<hitsShift {
+		t.Errorf("packed fields overlap: flags up to %d, kinds from %d, rules from %d, %d rules, hits from 2^%d", flagBig, kindUnit, ruleUnit, maxRules, hitsShift)
+	}
+	if int64(limit.CalendarYear)*calendarUnit >= flightUnit || int64(limit.TokenBucket) >= calendarUnit {
+		t.Errorf("a rule's packed algorithm, calendar and flight overlap")
+	}
+}
