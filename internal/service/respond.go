@@ -8,14 +8,13 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
 // respond builds the response from the decided items and counts each
 // decision.
 func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []*rlcommon.RateLimitDescriptor, items []item, checks []limit.Check, states []checkState) *rlsv3.RateLimitResponse {
-	r := responder{s: s, domain: req.GetDomain(), now: s.now(), compat: s.compatRules.Load(), descs: descs, items: items,
+	r := responder{s: s, domain: req.GetDomain(), now: s.now(), descs: descs, items: items,
 		checks: checks, states: states, stored: storeAdmitted(checks, states), why: newExplanation(s.opts.DecisionMetadata, items)}
 	resp, statuses, slab := newResponse(len(items))
 	overLimit, quotaTotal, quotaOver := false, 0, 0
@@ -55,7 +54,6 @@ type responder struct {
 	s      *Service
 	domain string
 	now    time.Time
-	compat *compatstats.Rules
 	descs  []*rlcommon.RateLimitDescriptor
 	items  []item
 	checks []limit.Check
@@ -80,7 +78,7 @@ func (r *responder) status(i int, slab *statusSlab) (counted, over bool) {
 		return false, false
 	case unlimited:
 		st.LimitRemaining = math.MaxUint32
-		s.m.Decision(r.domain, it.label, OutcomeUnlimited)
+		s.record(Decision{Domain: r.domain, Label: it.label, Outcome: OutcomeUnlimited})
 		r.why.set(i, OutcomeUnlimited)
 		return false, false
 	}
@@ -93,32 +91,26 @@ func (r *responder) status(i int, slab *statusSlab) (counted, over bool) {
 		st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(it.mult)
 	}
 	cs := &r.states[it.check]
+	d := Decision{Domain: r.domain, Label: it.label, Rule: it.rule, Entries: r.descs[i].GetEntries(), Hits: it.hits,
+		Counted: true, Refund: it.refund, Cached: cs.cached}
 	if !it.refund {
-		s.m.Hit(r.domain, it.label, hitsResult(&r.checks[it.check], cs, r.stored), it.hits)
+		d.HitsResult = hitsResult(&r.checks[it.check], cs, r.stored)
 	}
-	var stats *compatstats.Counters
-	if r.compat != nil && !it.refund {
-		stats = r.compat.For(r.domain, it.rule, r.descs[i].GetEntries())
-		stats.Total(it.hits)
-	}
-	var outcome string
 	switch {
 	case cs.cached:
-		over, outcome = true, OutcomeLocalCache
+		over, d.Outcome = true, OutcomeLocalCache
 		st.DurationUntilReset = ceilSeconds(&slab.dur, cs.until.Sub(r.now))
-		stats.LocalCache(it.hits)
 	case cs.failed:
-		over, outcome = s.failureAnswer(it)
+		over, d.Outcome = s.failureAnswer(it)
 	default:
-		over, outcome = r.decided(it, cs, st, stats)
+		over, d.Outcome = r.decided(it, cs, st, &d)
 		st.DurationUntilReset = untilReset(&slab.dur, it.algo, cs.res.ResetUS)
 	}
 	if over && it.shadow {
-		over, outcome = false, OutcomeShadow
-		stats.Shadow(it.hits)
+		over, d.Outcome = false, OutcomeShadow
 	}
-	s.m.Decision(r.domain, it.label, outcome)
-	r.why.set(i, outcome)
+	s.record(d)
+	r.why.set(i, d.Outcome)
 	switch {
 	case cs.cached:
 		r.why.reset(i, cs.until.Sub(r.now).Microseconds())
@@ -132,8 +124,9 @@ func (r *responder) status(i int, slab *statusSlab) (counted, over bool) {
 }
 
 // decided is the status of an item the store decided: over or not, the
-// remaining count, near_limit, and the incumbent's stats of it.
-func (r *responder) decided(it *item, cs *checkState, st *rlsv3.RateLimitResponse_DescriptorStatus, stats *compatstats.Counters) (over bool, outcome string) {
+// remaining count, near_limit, and what d reports of it (the counter's
+// use before its hits).
+func (r *responder) decided(it *item, cs *checkState, st *rlsv3.RateLimitResponse_DescriptorStatus, d *Decision) (over bool, outcome string) {
 	outcome = OutcomeOK
 	ch := &r.checks[it.check]
 	if !ch.Refund && !it.refund {
@@ -147,7 +140,7 @@ func (r *responder) decided(it *item, cs *checkState, st *rlsv3.RateLimitRespons
 		if !over && !cs.read {
 			before -= min(before, it.hits)
 		}
-		stats.Decided(it.hits, it.rpu, before, over)
+		d.Stored, d.Limit, d.Before, d.Over = true, it.rpu, before, over
 	}
 	switch {
 	case !over:

@@ -178,6 +178,8 @@ type Service struct {
 
 	detailed    detailedLabels
 	compatRules atomic.Pointer[compatstats.Rules]
+	// recorders are told each descriptor's decision (record).
+	recorders []Recorder
 
 	demand      Demand
 	lastFailLog lograte.Limiter // of the fail-open log line
@@ -222,6 +224,7 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 		opts.NearLimitRatio = compatstats.DefaultNearLimitRatio
 	}
 	s := &Service{store: store, cache: cache, opts: opts, log: opts.Logger, now: opts.Now, m: opts.Metrics}
+	s.recorders = []Recorder{metricsRecorder{opts.Metrics}, compatRecorder{s}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
