@@ -302,6 +302,8 @@ muts = [
     ("283 the script's flag of big hits moved on one side only","internal/redisstore/scripts/decide.lua","local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE, FLAG_BIG = 1, 2, 4, 8","local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE, FLAG_BIG = 1, 2, 4, 32","./internal/redisstore","TestScriptContract"),
     ("284 the incumbent's stats not told of a decision","internal/service/service.go","s.recorders = []Recorder{metricsRecorder{opts.Metrics}, compatRecorder{s}}","s.recorders = []Recorder{metricsRecorder{opts.Metrics}}","./internal/service","TestLocalCacheStats|TestIncumbent"),
     ("285 a hit counted in the metrics without its decision","internal/service/recorder.go","\tmr.m.Decision(d.Domain, d.Label, d.Outcome)\n","","./internal/service","TestMetrics$|TestHitsMetricClasses"),
+    ("286 an open breaker slow to answer by policy","internal/redisstore/redisstore.go","\tif !ok {\n\t\ts.m.RedisCall(0, ClassBreakerOpen)\n","\tif !ok {\n\t\ttime.Sleep(60 * time.Millisecond)\n\t\ts.m.RedisCall(0, ClassBreakerOpen)\n","./cmd/ratelimitd","TestRedisPausedUnderLoad"),
+    ("287 an open breaker never closed by Redis's answers","internal/redisstore/breaker.go","\twasOpen := b.open.Swap(false)\n","\twasOpen := b.open.Load()\n","./cmd/ratelimitd","TestRedisKilledRestarted"),
     ("255 a call past its deadline still sent","internal/redisstore/batch.go","err := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {","var err error\n\t\tif false {","./internal/redisstore","TestExpiredCallsNotSent"),
     ("256 the Prometheus mapping loses three-part shadow_mode keys","internal/compatstats/default_mapper.yaml","([^\\.]*)(\\..*)?\\.shadow_mode'","([^\\.]*)(\\..*)\\.shadow_mode'","./internal/compatstats","TestDefaultMapper"),
 ]
