@@ -95,7 +95,7 @@ descriptors:
 	var calls []pausedCall
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		atRandom(ctx, rand.New(rand.NewPCG(seed, 99)), func(d time.Duration) { proxy.hold(d) })
+		atRandom(ctx, rand.New(rand.NewPCG(seed, 99)), proxy.hold)
 	})
 	for h, hd := range holders {
 		wg.Go(func() {
