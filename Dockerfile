@@ -11,7 +11,7 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=dev
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/ratelimitd ./cmd/ratelimitd \
+RUN CGO_ENABLED=0 go build -tags vtprotobuf -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/ratelimitd ./cmd/ratelimitd \
 	&& mkdir -p /out/bin && ln -s /ratelimitd /out/bin/ratelimit
 
 FROM gcr.io/distroless/static:nonroot

@@ -6,6 +6,9 @@
 # default 10s] [ratelimitd arguments...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# go-control-plane's generated vtprotobuf code encodes responses only in
+# builds with this tag (internal/server/encode_vtprotobuf.go).
+export GOFLAGS="-tags=vtprotobuf${GOFLAGS:+ $GOFLAGS}"
 DUR=${1:-10s}
 TMP=$(mktemp -d)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -8,6 +8,9 @@
 # Usage: scripts/budget-bench.sh [ratelimitd arguments...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# go-control-plane's generated vtprotobuf code encodes responses only in
+# builds with this tag (internal/server/encode_vtprotobuf.go).
+export GOFLAGS="-tags=vtprotobuf${GOFLAGS:+ $GOFLAGS}"
 . scripts/stack.sh
 stack_start deploy/bench/rules.yaml --redis-timeout 1s "$@"
 run() { echo "== $1"; shift; "$TMP/bench" -addr "127.0.0.1:$GRPC" -budget "$@"; }

@@ -10,6 +10,9 @@
 # takes package paths, default the list below. Needs redis-server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# go-control-plane's generated vtprotobuf code encodes responses only in
+# builds with this tag (internal/server/encode_vtprotobuf.go).
+export GOFLAGS="-tags=vtprotobuf${GOFLAGS:+ $GOFLAGS}"
 GREMLINS=github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0
 export RATELIMITD_REDIS_SERVER="${RATELIMITD_REDIS_SERVER:-$(command -v redis-server || true)}"
 pkgs=("$@")

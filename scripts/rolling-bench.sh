@@ -10,6 +10,9 @@
 # Usage: scripts/rolling-bench.sh [ratelimitd arguments...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# go-control-plane's generated vtprotobuf code encodes responses only in
+# builds with this tag (internal/server/encode_vtprotobuf.go).
+export GOFLAGS="-tags=vtprotobuf${GOFLAGS:+ $GOFLAGS}"
 . scripts/stack.sh
 printf 'domain: rolling\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3000}\n' > "$TMP/rules.yaml"
 stack_start "$TMP/rules.yaml" "$@"

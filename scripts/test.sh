@@ -7,6 +7,9 @@
 # Redis.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# go-control-plane's generated vtprotobuf code encodes responses only in
+# builds with this tag (internal/server/encode_vtprotobuf.go).
+export GOFLAGS="-tags=vtprotobuf${GOFLAGS:+ $GOFLAGS}"
 # Installs what is missing, from Debian's packages: redis-server (the
 # package may start a service of its own; tests never use it) and promtool
 # (package prometheus), which checks the shipped alerts.

@@ -14,7 +14,8 @@ import (
 // rlsCodec is the gRPC server's codec: a RateLimitRequest is read by
 // decodeRequest when it takes it (what Envoy sends, with a fifth to a
 // third of protobuf-go's allocations), a RateLimitResponse written by
-// appendResponse when responseSize takes it (what the service sets);
+// go-control-plane's generated code when marshalResponse takes it (what
+// the service sets);
 // every other message, and anything those leave, goes through gRPC's own
 // protobuf codec.
 type rlsCodec struct{ encoding.CodecV2 }
@@ -23,8 +24,8 @@ type rlsCodec struct{ encoding.CodecV2 }
 func (c rlsCodec) Marshal(v any) (mem.BufferSlice, error) {
 	// A nil message goes to gRPC's codec, which writes an empty one.
 	if resp, ok := v.(*rlsv3.RateLimitResponse); ok && resp != nil {
-		if n, ok := responseSize(resp); ok {
-			return mem.BufferSlice{mem.SliceBuffer(appendResponse(make([]byte, 0, n), resp))}, nil
+		if b, ok := marshalResponse(resp); ok {
+			return mem.BufferSlice{mem.SliceBuffer(b)}, nil
 		}
 	}
 	return c.CodecV2.Marshal(v)

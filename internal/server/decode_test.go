@@ -175,7 +175,7 @@ func (e *echoDecider) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitR
 // exactly the request sent, whether decodeRequest takes it (Envoy's
 // shape), leaves it to protobuf (a limit override), or it arrives in
 // several buffers (a request of about 200 KB); the caller gets exactly
-// the response the service gave, whether appendResponse writes it or
+// the response the service gave, whether the generated code writes it or
 // protobuf-go does (dynamic metadata); health checks, another service's
 // messages, still work.
 func TestCodecOverGRPC(t *testing.T) {

@@ -114,8 +114,8 @@ func New(dec Decider, opts Options) *Server {
 	if s.opts.ShutdownTimeout <= 0 {
 		s.opts.ShutdownTimeout = DefaultShutdownTimeout
 	}
-	// The codec (a request decoder and a response encoder of its own) is
-	// ratelimitd's, not a transport option: the load tool's no-op server
+	// The codec (a request decoder of its own, the generated response
+	// encoder) is ratelimitd's, not a transport option: the load tool's no-op server
 	// keeps protobuf-go's.
 	s.grpc = grpc.NewServer(append(append(TransportOptions(), codecOption()), opts.GRPCOptions...)...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, &rls{dec: dec, tracing: opts.Tracing})
