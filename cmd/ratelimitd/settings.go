@@ -51,6 +51,7 @@ type settings struct {
 	httpAddr          string
 	debugAddr         string
 	localCacheSize    byteSize
+	journalSize       byteSize
 	responseHeaders   headersFlag
 	logLevel          slog.Level
 	logFormat         string
@@ -141,6 +142,8 @@ func redisFlags(fs *flag.FlagSet, s *settings) {
 	fs.Var(positive(&s.redis.Timeout, redisstore.DefaultTimeout), "redis-timeout", "bound on each Redis call; a shorter gRPC deadline wins")
 	fs.Var(positive(&s.redis.BreakerOpenAfter, redisstore.DefaultBreakerOpenAfter), "breaker-open-after", "open the Redis breaker (answer by failure policy at once) only after round trips have kept failing this long, with no answer in between")
 	fs.IntVar(&s.redis.Dispatchers, "redis-dispatchers", 1, "batching dispatchers, each sending what queued during its previous round trip as one script call (one per hash slot on Cluster); -1: no batching, one round trip per request")
+	fs.BoolVar(&s.redis.ChargeJournal, "charge-journal", false, "keep each usage charge until a Redis replica acknowledges it, and apply the unacknowledged ones again when the master changes (a Sentinel failover, a restart): spend survives a failover, at the price of counting twice the charges of one 50ms round after it; single or Sentinel Redis (see docs/token-budgets.md)")
+	fs.Var(&s.journalSize, "charge-journal-size", "bytes the charge journal may hold (about 160 and the key a charge); past it the oldest unacknowledged charges are forgotten, counted (default 16MiB)")
 	fs.Var(positive(&s.redis.LeaseInterval, lease.DefaultInterval), "lease-interval", "how long a grant of a leased counter (lease: true) should last at its recent rate: longer means fewer Redis round trips and more hits held per instance")
 	fs.StringVar(&s.svc.KeyPrefix, "key-prefix", "", "prefix of every Redis key; changing it starts every counter afresh")
 }
@@ -367,6 +370,7 @@ func (s *settings) finish() {
 	s.stats.opts.Prometheus = s.stats.compatAddr != ""
 	s.redis.URL = s.redisURL
 	s.redis.CarryIncumbent = s.svc.CarryIncumbent
+	s.redis.JournalBytes = int(s.journalSize)
 }
 
 // flagOf names each component option a flag sets, for their errors.
@@ -375,8 +379,8 @@ var flagOf = map[string]string{
 	"service.HeaderNames.Reset": "--response-header-reset", "service.NearLimitRatio": "--near-limit-ratio",
 	"service.UsageTimeout": "--usage-timeout",
 	"redisstore.Mode":      "--redis-mode", "redisstore.Timeout": "--redis-timeout", "redisstore.BreakerOpenAfter": "--breaker-open-after",
-	"redisstore.LeaseInterval": "--lease-interval",
-	"rlqs.MaxStreams":          "--rlqs-max-streams", "rlqs.MaxBuckets": "--rlqs-max-buckets", "rlqs.Margin": "--rlqs-margin",
+	"redisstore.LeaseInterval": "--lease-interval", "redisstore.JournalBytes": "--charge-journal-size",
+	"rlqs.MaxStreams": "--rlqs-max-streams", "rlqs.MaxBuckets": "--rlqs-max-buckets", "rlqs.Margin": "--rlqs-margin",
 	"rlqs.IdleAfter":   "--rlqs-idle-after",
 	"tracing.Protocol": "--tracing-protocol", "tracing.SamplingRate": "--tracing-sampling-rate",
 	"xds.MaxMessage": "--xds-max-message-size", "xds.BackoffInitial": "--xds-backoff-initial", "xds.BackoffMax": "--xds-backoff-max",
@@ -436,6 +440,10 @@ func (s *settings) validateRedis() error {
 	case (s.redisTLSCA != "" || s.redisTLSCert != "") && (!strings.HasPrefix(s.redisURL, "rediss://") ||
 		s.redisPerSecondURL != "" && !strings.HasPrefix(s.redisPerSecondURL, "rediss://")):
 		return errors.New("--redis-tls-* need rediss:// Redis URLs")
+	case s.redisURL == "" && s.redis.ChargeJournal:
+		return errors.New("--charge-journal needs --redis-url: the in-memory store has no replica to confirm a charge and loses everything with the process")
+	case s.journalSize != 0 && !s.redis.ChargeJournal:
+		return errors.New("--charge-journal-size needs --charge-journal")
 	}
 	return s.validateCarry()
 }

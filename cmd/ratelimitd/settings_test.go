@@ -27,6 +27,8 @@ func TestFlagBounds(t *testing.T) {
 		{[]string{"--redis-timeout", "0s"}, "-redis-timeout"},
 		{[]string{"--redis-url", "redis://h:1", "--redis-mode", "ring"}, `--redis-mode "ring": want single, sentinel or cluster`},
 		{[]string{"--lease-interval", "2m"}, "--lease-interval 2m0s: want at most 1m"},
+		{[]string{"--charge-journal"}, "--charge-journal needs --redis-url"},
+		{[]string{"--redis-url", "redis://h:1", "--charge-journal-size", "1MiB"}, "--charge-journal-size needs --charge-journal"},
 		{[]string{"--usage-timeout", "1500ms"}, "--usage-timeout 1.5s: want whole seconds from 1s to 24h"},
 		{[]string{"--near-limit-ratio", "1.5"}, "-near-limit-ratio"},
 		{[]string{"--response-header-limit", "bad header"}, `--response-header-limit "bad header": not an HTTP header name`},

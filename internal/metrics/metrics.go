@@ -56,6 +56,8 @@ type Metrics struct {
 	RLQSGrants        *prometheus.CounterVec
 	RLQSGrantHits     *prometheus.CounterVec
 	RLQSRejected      *prometheus.CounterVec
+	JournalCharges    *prometheus.CounterVec
+	JournalPending    prometheus.Gauge
 }
 
 // New registers every collector, with Go and process collectors, on a new
@@ -196,6 +198,14 @@ func New(version string) *Metrics {
 			Name: "ratelimitd_rlqs_reports_rejected_total",
 			Help: "RLQS usage reports (whole messages) or bucket reports refused, by reason: bucket_id_empty, bucket_id_too_large, too_many_buckets, too_many_streams, bad_domain. A refused bucket gets no assignment: Envoy's no_assignment_behavior decides it.",
 		}, []string{"reason"}),
+		JournalCharges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_charge_journal_total",
+			Help: "Usage charges through the charge journal (--charge-journal), by outcome: confirmed (a replica acknowledged it), reapplied (the master changed before that: applied again to the new one), expired (the master changed after its window ended: not applied again), failed (applying it again failed: kept for the next round), dropped (the journal was full: forgotten unconfirmed), no_replica (the master had no replica to confirm it: not kept), abandoned (the process stopped with it unconfirmed).",
+		}, []string{"outcome"}),
+		JournalPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimitd_charge_journal_pending",
+			Help: "Usage charges in the charge journal: recorded by Redis and not yet acknowledged by a replica, or waiting to be applied again after the master changed.",
+		}),
 		XDSConnected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratelimitd_xds_connected",
 			Help: "1 while the stream to the xDS management server (--xds-server) is open; the rules in force stay while it is not.",
@@ -210,7 +220,8 @@ func New(version string) *Metrics {
 		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.IncumbentCounts, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
 		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, m.XDSConnected,
 		m.LeaseDecisions, m.LeaseGrants, m.LeaseHits, m.LeaseRefills, m.StatsSinkErrors, m.SpansDropped,
-		m.RLQSStreams, m.RLQSBuckets, m.RLQSAssignments, m.RLQSGrants, m.RLQSGrantHits, m.RLQSRejected, buildInfo)
+		m.RLQSStreams, m.RLQSBuckets, m.RLQSAssignments, m.RLQSGrants, m.RLQSGrantHits, m.RLQSRejected,
+		m.JournalCharges, m.JournalPending, buildInfo)
 	return m
 }
 
@@ -470,6 +481,20 @@ func (m *Metrics) RLQSGrantLost(hits uint64) {
 func (m *Metrics) RLQSReject(reason string) {
 	if m != nil {
 		m.RLQSRejected.WithLabelValues(reason).Inc()
+	}
+}
+
+// ChargeJournal counts n usage charges of the charge journal by outcome.
+func (m *Metrics) ChargeJournal(outcome string, n int) {
+	if m != nil && n > 0 {
+		m.JournalCharges.WithLabelValues(outcome).Add(float64(n))
+	}
+}
+
+// SetChargeJournal records how many charges the journal holds.
+func (m *Metrics) SetChargeJournal(n int) {
+	if m != nil {
+		m.JournalPending.Set(float64(n))
 	}
 }
 

@@ -102,6 +102,14 @@ type Options struct {
 	// rode as a child span ("redis", with the batch's size). Nil traces
 	// nothing.
 	Tracer trace.Tracer
+	// ChargeJournal keeps every usage charge until a replica has
+	// acknowledged it, and re-applies the unacknowledged ones when the
+	// master changes (see journal.go). Single or Sentinel only.
+	ChargeJournal bool
+	// JournalBytes bounds the journal's memory; zero means
+	// DefaultJournalBytes. Past it the oldest charges are forgotten,
+	// counted.
+	JournalBytes int
 	// ScriptTime, when set, is sent to the script as "now" instead of
 	// letting it read Redis TIME. Tests only: it lets them script a
 	// timeline. Production leaves it nil.
@@ -118,6 +126,8 @@ func (o Options) Validate() error {
 		return options.Errorf("redisstore", "Timeout", "%v: want positive", o.Timeout)
 	case o.BreakerOpenAfter < 0:
 		return options.Errorf("redisstore", "BreakerOpenAfter", "%v: want positive", o.BreakerOpenAfter)
+	case o.JournalBytes < 0:
+		return options.Errorf("redisstore", "JournalBytes", "%d: want positive", o.JournalBytes)
 	case o.LeaseInterval > time.Minute:
 		return options.Errorf("redisstore", "LeaseInterval", "%v: want at most 1m", o.LeaseInterval)
 	case (o.ClientCert != nil || o.RootCAs != nil) && o.URL != "" && !strings.HasPrefix(o.URL, "rediss://"):
@@ -161,6 +171,9 @@ type Store struct {
 	leases      *leases  // nil when leases are off
 	leaseStop   chan struct{}
 	leaseWG     sync.WaitGroup
+	journal     *journal // nil when off
+	journalStop chan struct{}
+	journalWG   sync.WaitGroup
 }
 
 // New parses the URL and builds the client. It does not wait for Redis: a
@@ -178,6 +191,9 @@ func New(opts Options) (*Store, error) {
 	scripts, err := loadScripts("decide.lua", "grant.lua", "seed.lua")
 	if err != nil {
 		return nil, err
+	}
+	if opts.ChargeJournal && mode == ModeCluster {
+		return nil, errors.New("redisstore: the charge journal needs a single or Sentinel Redis: on Cluster each master replicates apart, and its barrier would confirm one")
 	}
 	if opts.CarryIncumbent && mode == ModeCluster {
 		return nil, errors.New("redisstore: carrying envoyproxy/ratelimit's counts needs a single or Sentinel Redis: on Cluster its keys live in other slots than ratelimitd's")
@@ -224,6 +240,12 @@ func New(opts Options) (*Store, error) {
 		}
 		s.leases, s.leaseStop = newLeases(s, iv), make(chan struct{})
 		s.leaseWG.Go(func() { s.leases.run(s.leaseStop) })
+	}
+	if opts.ChargeJournal {
+		s.journal, s.journalStop = newJournal(s, opts.JournalBytes), make(chan struct{})
+		s.log.Info("charge journal on: each usage charge is kept until a replica acknowledges it, and applied again if the master changes first (a Sentinel failover, a restart); a charge recorded on a new master before the journal sees the change is counted twice; with no replica nothing can be confirmed, and nothing is kept",
+			"mode", mode, "max_bytes", s.journal.limit)
+		s.journalWG.Go(func() { s.journal.run(s.journalStop) })
 	}
 	every := opts.PolicyCheckEvery
 	if every <= 0 {
@@ -288,8 +310,17 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 	return s.evaluateExact(ctx, checks)
 }
 
-// evaluateExact decides checks in Redis, leases aside.
+// evaluateExact decides checks in Redis, leases aside, and keeps the
+// usage charges Redis recorded in the journal, when there is one.
 func (s *Store) evaluateExact(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
+	res, err := s.decideExact(ctx, checks)
+	if err == nil && s.journal != nil {
+		s.journal.note(checks, res)
+	}
+	return res, err
+}
+
+func (s *Store) decideExact(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	ok, trial := s.breaker.allow()
 	if !ok {
 		s.m.RedisCall(0, ClassBreakerOpen)
@@ -385,6 +416,11 @@ func (s *Store) BreakerOpen() bool { return s.breaker.isOpen() }
 func (s *Store) Close() error {
 	var err error
 	s.closeMu.Do(func() {
+		if s.journal != nil {
+			close(s.journalStop)
+			s.journalWG.Wait()
+			s.journal.close()
+		}
 		if s.leases != nil {
 			close(s.leaseStop)
 			s.leaseWG.Wait()

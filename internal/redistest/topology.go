@@ -101,13 +101,44 @@ func StartSentinel(t testing.TB) *Sentinel { return StartSentinelWith(t, Auth{})
 // speak TLS under auth's Certs, and need no password of their own).
 func StartSentinelWith(t testing.TB, auth Auth) *Sentinel {
 	t.Helper()
+	return startSentinel(t, auth, nil)
+}
+
+// StartSentinelLinked runs a master, a replica and sentinels as
+// StartSentinel, the replica reading its master through a Link: held, it
+// lags; cut with the master killed, what it had not read is lost, as in
+// a real failover.
+func StartSentinelLinked(t testing.TB) (*Sentinel, *Link) {
+	t.Helper()
+	var link *Link
+	st := startSentinel(t, Auth{}, func(master *Server) int {
+		link = NewLink(t, master.Addr())
+		return link.Port
+	})
+	return st, link
+}
+
+// startSentinel starts the set; via, when set, returns the port the
+// replica reaches its master on.
+func startSentinel(t testing.TB, auth Auth, via func(*Server) int) *Sentinel {
+	t.Helper()
 	st := &Sentinel{Name: "rlmaster"}
 	st.Master = StartWith(t, auth)
-	st.Replica = StartWith(t, auth, "--replicaof", "127.0.0.1", fmt.Sprint(st.Master.Port))
+	port, failoverTimeout := st.Master.Port, 5000
+	if via != nil {
+		port = via(st.Master)
+		// A sentinel points a replica whose master is elsewhere than the
+		// one it monitors (the link) back at it once failover-timeout
+		// has passed (+fix-slave-config), which would bypass the link;
+		// the timeout only bounds a failover's steps, it does not slow
+		// one.
+		failoverTimeout = 600_000
+	}
+	st.Replica = StartWith(t, auth, "--replicaof", "127.0.0.1", fmt.Sprint(port))
 	for range 3 {
 		dir := t.TempDir()
 		conf := filepath.Join(dir, "sentinel.conf")
-		body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %[1]s 1000\nsentinel failover-timeout %[1]s 5000\nsentinel parallel-syncs %[1]s 1\n", st.Name, st.Master.Port) +
+		body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %[1]s 1000\nsentinel failover-timeout %[1]s %d\nsentinel parallel-syncs %[1]s 1\n", st.Name, st.Master.Port, failoverTimeout) +
 			auth.sentinelLines(st.Name)
 		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 			t.Fatal(err)

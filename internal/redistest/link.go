@@ -1,0 +1,121 @@
+package redistest
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+)
+
+// Link is a TCP proxy to a server that a test can hold: while held, what
+// the server sends is not passed on (it waits in the proxy), so a replica
+// behind a Link lags its master by as much as the test wants; Cut drops
+// what waits and closes every connection, as a master killed before its
+// replica read its last writes.
+type Link struct {
+	// Port is the proxy's loopback port.
+	Port int
+	to   string
+	ln   net.Listener
+
+	mu    sync.Mutex
+	cond  *sync.Cond
+	held  bool
+	cut   bool
+	conns []net.Conn
+}
+
+// NewLink proxies a free loopback port to addr until the test ends.
+func NewLink(t testing.TB, addr string) *Link {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &Link{Port: ln.Addr().(*net.TCPAddr).Port, to: addr, ln: ln}
+	l.cond = sync.NewCond(&l.mu)
+	go l.accept()
+	t.Cleanup(l.close)
+	return l
+}
+
+func (l *Link) accept() {
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", l.to)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		l.mu.Lock()
+		l.conns = append(l.conns, c, s)
+		l.mu.Unlock()
+		go l.pipe(c, s, false)
+		go l.pipe(s, c, true)
+	}
+}
+
+// pipe copies src to dst; from the server, it waits while the link is
+// held.
+func (l *Link) pipe(src, dst net.Conn, fromServer bool) {
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			l.mu.Lock()
+			for fromServer && l.held && !l.cut {
+				l.cond.Wait()
+			}
+			cut := l.cut
+			l.mu.Unlock()
+			if cut {
+				return
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// Hold stops passing on what the server sends.
+func (l *Link) Hold() {
+	l.mu.Lock()
+	l.held = true
+	l.mu.Unlock()
+}
+
+// Release passes on what waited, and what comes.
+func (l *Link) Release() {
+	l.mu.Lock()
+	l.held = false
+	l.cond.Broadcast()
+	l.mu.Unlock()
+}
+
+// Cut drops what waits and closes every connection through the link; new
+// ones are refused.
+func (l *Link) Cut() {
+	l.mu.Lock()
+	l.cut = true
+	l.cond.Broadcast()
+	conns := l.conns
+	l.conns = nil
+	l.mu.Unlock()
+	_ = l.ln.Close()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+func (l *Link) close() { l.Cut() }
+
+// String names the link for test messages.
+func (l *Link) String() string { return fmt.Sprintf("link 127.0.0.1:%d -> %s", l.Port, l.to) }
