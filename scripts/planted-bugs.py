@@ -308,6 +308,11 @@ muts = [
     ("287 an open breaker never closed by Redis's answers","internal/redisstore/breaker.go","\twasOpen := b.open.Swap(false)\n","\twasOpen := b.open.Load()\n","./cmd/ratelimitd","TestRedisKilledRestarted"),
     ("255 a call past its deadline still sent","internal/redisstore/batch.go","err := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {","var err error\n\t\tif false {","./internal/redisstore","TestExpiredCallsNotSent"),
     ("256 the Prometheus mapping loses three-part shadow_mode keys","internal/compatstats/default_mapper.yaml","([^\\.]*)(\\..*)?\\.shadow_mode'","([^\\.]*)(\\..*)\\.shadow_mode'","./internal/compatstats","TestDefaultMapper"),
+    ("288 the charge journal confirms without a replica's acknowledgement","internal/redisstore/journal.go","err == nil && acked >= j.need {","err == nil || acked >= j.need {","./internal/redisstore","TestChargeJournalFailover/journal=true"),
+    ("289 the charge journal re-applies nothing when the master changes","internal/redisstore/journal.go","changed := j.master != \"\" && runID != j.master","changed := false","./internal/redisstore","TestChargeJournalFailover/journal=true"),
+    ("290 the charge journal unbounded","internal/redisstore/journal.go","for j.bytes > j.limit && len(j.entries) > 0 {","for j.bytes > j.limit && len(j.entries) < 0 {","./internal/redisstore","TestChargeJournalBound"),
+    ("291 the charge journal keeps charges no replica can confirm","internal/redisstore/journal.go","\tcase replicas == 0:\n\t\t// Nothing can confirm","\tcase replicas < 0:\n\t\t// Nothing can confirm","./internal/redisstore","TestChargeJournalNoReplica"),
+    ("292 the charge journal's abandoned charges uncounted at Close","internal/redisstore/journal.go","\t\tj.s.m.ChargeJournal(JournalAbandoned, n)\n","","./internal/redisstore","TestChargeJournalBound"),
 ]
 only = sys.argv[1:]
 missed = 0

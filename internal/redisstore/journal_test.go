@@ -90,9 +90,9 @@ func TestChargeJournalFailover(t *testing.T) {
 				t.Fatalf("the master counts %d (%v), want 140", got, err)
 			}
 			if on {
-				// A round or more has asked, and the held replica did not
-				// acknowledge.
-				time.Sleep(4 * redisstore.JournalEvery)
+				// Rounds have asked (each waits up to 200 ms for an
+				// acknowledgement), and the held replica gave none.
+				time.Sleep(time.Second)
 				if n := testutil.ToFloat64(m.JournalPending); n != 1 {
 					t.Fatalf("%v charges pending with the replica held, want 1", n)
 				}
