@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -106,12 +107,15 @@ func newJournal(s *Store, limit int) *journal {
 // note keeps the usage charges among checks, which Redis recorded with
 // results res.
 func (j *journal) note(checks []limit.Check, res []limit.Result) {
+	if !slices.ContainsFunc(checks, journaled) {
+		return
+	}
 	now := time.Now()
 	j.mu.Lock()
 	added := false
 	for i := range checks {
 		c := &checks[i]
-		if !c.Charge() || c.Kind != limit.ByHits {
+		if !journaled(*c) {
 			continue
 		}
 		j.seq++
@@ -145,24 +149,30 @@ func (j *journal) note(checks []limit.Check, res []limit.Result) {
 	}
 }
 
+// journaled reports a check the journal keeps: a usage charge of hits
+// (a zero charge changes no count).
+func journaled(c limit.Check) bool { return c.Charge() && c.Kind == limit.ByHits }
+
 // run confirms the journal's charges until stop closes.
 func (j *journal) run(stop <-chan struct{}) {
 	t := time.NewTimer(0)
 	defer t.Stop()
+	idle := false // the timer is the idle one (journalIdleEvery)
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
 		case <-j.wake:
-			// A round at most every JournalEvery: the timer below.
-			if !t.Stop() {
+			// A charge after a quiet spell is confirmed at once; while
+			// charges flow, a round every JournalEvery takes them all.
+			if !idle || !t.Stop() {
 				continue
 			}
 		}
 		j.round(context.Background())
 		every := journalIdleEvery
-		if j.len() > 0 {
+		if idle = j.len() == 0; !idle {
 			every = JournalEvery
 		}
 		t.Reset(every)
