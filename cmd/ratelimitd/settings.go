@@ -66,7 +66,8 @@ type settings struct {
 	grpcMaxStreams    uint32
 	// The components' own options: what the flags set of them.
 	svc     service.Options
-	redis   redisstore.Options // Mode, Timeout, BreakerOpenAfter, Dispatchers, LeaseInterval
+	redis   redisstore.Options // Mode, Timeout, BreakerOpenAfter, Dispatchers
+	lease   lease.Options      // Interval
 	rlqsOn  bool
 	rlqs    rlqs.Options
 	tracing tracing.Options
@@ -144,7 +145,7 @@ func redisFlags(fs *flag.FlagSet, s *settings) {
 	fs.IntVar(&s.redis.Dispatchers, "redis-dispatchers", 1, "batching dispatchers, each sending what queued during its previous round trip as one script call (one per hash slot on Cluster); -1: no batching, one round trip per request")
 	fs.BoolVar(&s.redis.ChargeJournal, "charge-journal", false, "keep each usage charge until a Redis replica acknowledges it, and apply the unacknowledged ones again when the master changes (a Sentinel failover, a restart): spend survives a failover, at the price of counting twice the charges of one 50ms round after it; single or Sentinel Redis (see docs/token-budgets.md)")
 	fs.Var(&s.journalSize, "charge-journal-size", "bytes the charge journal may hold (about 160 and the key a charge); past it the oldest unacknowledged charges are forgotten, counted (default 16MiB)")
-	fs.Var(positive(&s.redis.LeaseInterval, lease.DefaultInterval), "lease-interval", "how long a grant of a leased counter (lease: true) should last at its recent rate: longer means fewer Redis round trips and more hits held per instance")
+	fs.Var(positive(&s.lease.Interval, lease.DefaultInterval), "lease-interval", "how long a grant of a leased counter (lease: true) should last at its recent rate: longer means fewer Redis round trips and more hits held per instance")
 	fs.StringVar(&s.svc.KeyPrefix, "key-prefix", "", "prefix of every Redis key; changing it starts every counter afresh")
 }
 
@@ -379,7 +380,7 @@ var flagOf = map[string]string{
 	"service.HeaderNames.Reset": "--response-header-reset", "service.NearLimitRatio": "--near-limit-ratio",
 	"service.UsageTimeout": "--usage-timeout",
 	"redisstore.Mode":      "--redis-mode", "redisstore.Timeout": "--redis-timeout", "redisstore.BreakerOpenAfter": "--breaker-open-after",
-	"redisstore.LeaseInterval": "--lease-interval", "redisstore.JournalBytes": "--charge-journal-size",
+	"lease.Interval": "--lease-interval", "redisstore.JournalBytes": "--charge-journal-size",
 	"rlqs.MaxStreams": "--rlqs-max-streams", "rlqs.MaxBuckets": "--rlqs-max-buckets", "rlqs.Margin": "--rlqs-margin",
 	"rlqs.IdleAfter":   "--rlqs-idle-after",
 	"tracing.Protocol": "--tracing-protocol", "tracing.SamplingRate": "--tracing-sampling-rate",
@@ -392,7 +393,7 @@ var flagOf = map[string]string{
 // component's options, named by their flags.
 func (s *settings) validate() error {
 	for _, check := range []func() error{s.validateSources, s.validateRedis, s.validateServe, s.validateStats,
-		s.svc.Validate, s.redis.Validate, s.rlqs.Validate, s.tracing.Validate, s.xds.opts.Validate, s.stats.opts.Validate} {
+		s.svc.Validate, s.redis.Validate, s.lease.Validate, s.rlqs.Validate, s.tracing.Validate, s.xds.opts.Validate, s.stats.opts.Validate} {
 		if err := check(); err != nil {
 			return options.Rename(err, flagOf)
 		}

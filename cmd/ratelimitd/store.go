@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/persecond"
@@ -39,18 +41,30 @@ func newStore(ctx context.Context, s *settings, tlsID *identity, tracer trace.Tr
 	if err != nil {
 		return nil, nil, err
 	}
+	// Leased counters are decided from grants in process, the rest in
+	// Redis: each Redis store gets its leases.
+	lopts := s.lease
+	lopts.Metrics, lopts.Timeout = m, cmp.Or(opts.Timeout, redisstore.DefaultTimeout)
+	main := lease.New(rs, lopts)
 	if s.redisPerSecondURL == "" {
-		return rs, func() { _ = rs.Close() }, nil
+		return main, func() { _ = main.Close(); _ = rs.Close() }, nil
 	}
 	// The per-second Redis: the same mode, TLS files and timeouts; its
 	// password is its URL's.
 	opts.URL, opts.Password = s.redisPerSecondURL, ""
 	fast, err := openRedis(ctx, opts, "--redis-persecond-url", log)
 	if err != nil {
+		_ = main.Close()
 		_ = rs.Close()
 		return nil, nil, err
 	}
-	return &persecond.Store{Main: rs, PerSecond: fast}, func() { _ = fast.Close(); _ = rs.Close() }, nil
+	fastLeased := lease.New(fast, lopts)
+	return &persecond.Store{Main: main, PerSecond: fastLeased}, func() {
+		_ = fastLeased.Close()
+		_ = main.Close()
+		_ = fast.Close()
+		_ = rs.Close()
+	}, nil
 }
 
 // redisOptions are the store's options: the flags', the password (from

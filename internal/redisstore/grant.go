@@ -22,18 +22,19 @@ type (
 func (s *Store) Grant(ctx context.Context, ops []GrantOp) ([]GrantResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	return s.grantCall(ctx, ops)
+	return s.GrantWithin(ctx, ops)
 }
 
-// grantCall is Grant within ctx's deadline alone.
-func (s *Store) grantCall(ctx context.Context, ops []GrantOp) ([]GrantResult, error) {
+// GrantWithin is Grant within ctx's deadline alone: the lease refiller's,
+// which may wait longer than a request would.
+func (s *Store) GrantWithin(ctx context.Context, ops []GrantOp) ([]GrantResult, error) {
 	if len(ops) == 0 {
 		return nil, nil
 	}
 	if s.cluster != nil && len(ops) > 1 {
 		out := make([]GrantResult, 0, len(ops))
 		for _, op := range ops {
-			r, err := s.grantCall(ctx, []GrantOp{op})
+			r, err := s.GrantWithin(ctx, []GrantOp{op})
 			if err != nil {
 				return nil, err
 			}

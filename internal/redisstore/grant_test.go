@@ -94,3 +94,45 @@ func TestGrantMatchesLimit(t *testing.T) {
 		t.Errorf("a request after the grant: %+v, %v; want over", r, err)
 	}
 }
+
+// TestGrantGiveBackOtherWindow: a give-back names the window its hits
+// were taken in; in another window it returns nothing, so hits of an
+// ended window cannot lower the current one's count.
+func TestGrantGiveBackOtherWindow(t *testing.T) {
+	srv := redistest.Start(t)
+	T := time.Now().Truncate(time.Second).Add(time.Second).UnixMicro()
+	var clock atomic.Int64
+	clock.Store(T + 500e3)
+	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: time.Second, ScriptTime: func() time.Time { return time.UnixMicro(clock.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := limit.Check{Key: "giveback", Limit: 100, WindowUS: 1e6}
+	took, err := s.Grant(context.Background(), []limit.GrantOp{{Check: hitsOf(c, 10)}})
+	if err != nil || took[0].Hits != 10 {
+		t.Fatalf("take: %+v, %v", took, err)
+	}
+	clock.Add(1e6) // the next window
+	if _, err := s.Evaluate(context.Background(), []limit.Check{hitsOf(c, 30)}); err != nil {
+		t.Fatal(err)
+	}
+	back, err := s.Grant(context.Background(), []limit.GrantOp{{Check: hitsOf(c, 10), GiveBack: true, WindowEndUS: took[0].WindowEndUS}})
+	if err != nil || back[0].Hits != 0 || back[0].Remaining != 70 {
+		t.Errorf("a give-back naming the ended window: %+v, %v; want nothing given back, 70 remaining", back, err)
+	}
+	// Naming the current window, it is taken back.
+	now, err := s.Grant(context.Background(), []limit.GrantOp{{Check: hitsOf(c, 5)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err = s.Grant(context.Background(), []limit.GrantOp{{Check: hitsOf(c, 5), GiveBack: true, WindowEndUS: now[0].WindowEndUS}})
+	if err != nil || back[0].Hits != 5 || back[0].Remaining != 70 {
+		t.Errorf("a give-back naming the current window: %+v, %v; want 5 given back, 70 remaining", back, err)
+	}
+}
+
+func hitsOf(c limit.Check, n uint64) limit.Check {
+	c.Hits = n
+	return c
+}

@@ -16,7 +16,7 @@ func TestValidate(t *testing.T) {
 		{Field: "Mode", Options: redisstore.Options{Mode: "ring"}},
 		{Field: "Timeout", Options: redisstore.Options{Timeout: -time.Second}},
 		{Field: "BreakerOpenAfter", Options: redisstore.Options{BreakerOpenAfter: -time.Second}},
-		{Field: "LeaseInterval", Options: redisstore.Options{LeaseInterval: time.Hour}},
+		{Field: "JournalBytes", Options: redisstore.Options{JournalBytes: -1}},
 		{Field: "URL", Options: redisstore.Options{URL: "redis://h:1", RootCAs: func() *x509.CertPool { return nil }}},
 	})
 }

@@ -25,7 +25,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
@@ -93,11 +92,6 @@ type Options struct {
 	Dispatchers int
 	// Logger receives breaker and maxmemory-policy lines. Nil discards.
 	Logger *slog.Logger
-	// LeaseInterval is how long a grant of a leased counter (lease: true)
-	// should last at the counter's recent rate; zero means
-	// lease.DefaultInterval, negative turns leases off (every check is
-	// decided in Redis).
-	LeaseInterval time.Duration
 	// Tracer, when set, records the Redis round trip a traced request
 	// rode as a child span ("redis", with the batch's size). Nil traces
 	// nothing.
@@ -128,8 +122,6 @@ func (o Options) Validate() error {
 		return options.Errorf("redisstore", "BreakerOpenAfter", "%v: want positive", o.BreakerOpenAfter)
 	case o.JournalBytes < 0:
 		return options.Errorf("redisstore", "JournalBytes", "%d: want positive", o.JournalBytes)
-	case o.LeaseInterval > time.Minute:
-		return options.Errorf("redisstore", "LeaseInterval", "%v: want at most 1m", o.LeaseInterval)
 	case (o.ClientCert != nil || o.RootCAs != nil) && o.URL != "" && !strings.HasPrefix(o.URL, "rediss://"):
 		return options.Errorf("redisstore", "URL", "%s: TLS files need a rediss:// URL", Redact(o.URL))
 	}
@@ -168,9 +160,6 @@ type Store struct {
 	wg          sync.WaitGroup
 	closeMu     sync.Once
 	policies    sync.Map // node → last maxmemory-policy logged
-	leases      *leases  // nil when leases are off
-	leaseStop   chan struct{}
-	leaseWG     sync.WaitGroup
 	journal     *journal // nil when off
 	journalStop chan struct{}
 	journalWG   sync.WaitGroup
@@ -233,14 +222,6 @@ func New(opts Options) (*Store, error) {
 			s.single = s.newBatcher(s.client, nil)
 		}
 	}
-	if opts.LeaseInterval >= 0 {
-		iv := opts.LeaseInterval
-		if iv == 0 {
-			iv = lease.DefaultInterval
-		}
-		s.leases, s.leaseStop = newLeases(s, iv), make(chan struct{})
-		s.leaseWG.Go(func() { s.leases.run(s.leaseStop) })
-	}
 	if opts.ChargeJournal {
 		s.journal, s.journalStop = newJournal(s, opts.JournalBytes), make(chan struct{})
 		s.log.Info("charge journal on: each usage charge is kept until a replica acknowledges it, and applied again if the master changes first (a Sentinel failover, a restart); a charge recorded on a new master before the journal sees the change is counted twice; with no replica nothing can be confirmed, and nothing is kept",
@@ -296,13 +277,6 @@ func (s *Store) probe(ctx context.Context) error {
 func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	if len(checks) == 0 {
 		return nil, nil
-	}
-	if s.leases != nil {
-		for i := range checks {
-			if checks[i].Lease {
-				return s.leases.evaluate(ctx, checks)
-			}
-		}
 	}
 	if s.carry {
 		s.seed(ctx, checks)
@@ -420,11 +394,6 @@ func (s *Store) Close() error {
 			close(s.journalStop)
 			s.journalWG.Wait()
 			s.journal.close()
-		}
-		if s.leases != nil {
-			close(s.leaseStop)
-			s.leaseWG.Wait()
-			s.leases.close()
 		}
 		s.nodes.close()
 		close(s.done)

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
@@ -425,7 +426,9 @@ func TestClusterNodePaused(t *testing.T) {
 func TestClusterLeases(t *testing.T) {
 	redistest.AwayFromHourEnd(10 * time.Second) // the counters are per hour
 	m := metrics.New("test")
-	nodes, s := clusterStore(t, func(o *redisstore.Options) { o.LeaseInterval, o.Metrics = 20*time.Millisecond, m })
+	nodes, rs := clusterStore(t, func(o *redisstore.Options) { o.Metrics = m })
+	s := lease.New(rs, lease.Options{Interval: 20 * time.Millisecond, Timeout: time.Second, Metrics: m})
+	defer s.Close()
 	keys := clusterKeys(t, nodes, "leased", 3)
 	var checks []limit.Check
 	for _, k := range keys {

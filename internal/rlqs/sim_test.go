@@ -348,7 +348,7 @@ func newSim(t testing.TB, cfg simConfig) *sim {
 		t.Fatal(err) // a redis-server of the caller's, started for this
 	}
 	s.store, err = redisstore.New(redisstore.Options{URL: s.redis.URL(), Timeout: time.Second, ScriptTime: func() time.Time { return s.now },
-		LeaseInterval: -1, BreakerOpenAfter: time.Hour})
+		BreakerOpenAfter: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

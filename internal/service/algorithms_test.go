@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
@@ -131,10 +132,12 @@ func TestLeasedRule(t *testing.T) {
 	rules := parseRules(t, "domain: web\ndescriptors:\n  - key: hot\n    rate_limit: {unit: hour, requests_per_unit: 50, lease: true}\n")
 	srv := redistest.Start(t)
 	m := metrics.New("test")
-	rs, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: 2 * time.Second, LeaseInterval: 10 * time.Millisecond, Metrics: m})
+	red, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: 2 * time.Second, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer red.Close()
+	rs := lease.New(red, lease.Options{Interval: 10 * time.Millisecond, Timeout: 2 * time.Second, Metrics: m})
 	defer rs.Close()
 	for name, st := range map[string]service.Store{"memstore": memstore.New(memstore.Options{}), "redisstore": rs} {
 		s := service.New(rules, st, nil, service.Options{})

@@ -1,4 +1,4 @@
-package redisstore
+package lease
 
 import (
 	"context"
@@ -14,20 +14,25 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
 
-// leaseStore is a store with leases every interval, on srv, with its
-// own metrics; clock, when set, is the scripted clock of both Redis and
-// the leases.
+// leaseStore is a store with leases every interval over a redisstore on
+// srv, with its own metrics; clock, when set, is the scripted clock of
+// both Redis and the leases.
 func leaseStore(t *testing.T, srv *redistest.Server, interval time.Duration, clock func() time.Time) (*Store, *metrics.Metrics) {
 	t.Helper()
 	m := metrics.New("test")
-	s, err := New(Options{URL: srv.URL(), Timeout: time.Second, LeaseInterval: interval, ScriptTime: clock, Metrics: m})
+	rs, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: time.Second, ScriptTime: clock, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Close() })
+	s := New(rs, Options{Interval: interval, Timeout: time.Second, Now: clock, Metrics: m})
+	t.Cleanup(func() {
+		_ = s.Close()
+		_ = rs.Close()
+	})
 	return s, m
 }
 
@@ -293,10 +298,12 @@ func admittedAll(checks []limit.Check, res []limit.Result) bool {
 func TestLeaseThroughStalls(t *testing.T) {
 	srv := redistest.Start(t)
 	m := metrics.New("test")
-	s, err := New(Options{URL: srv.URL(), LeaseInterval: 100 * time.Millisecond, Metrics: m})
+	rs, err := redisstore.New(redisstore.Options{URL: srv.URL(), Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rs.Close()
+	s := New(rs, Options{Interval: 100 * time.Millisecond, Timeout: redisstore.DefaultTimeout, Metrics: m})
 	defer s.Close()
 	const limitN = 1_000_000
 	c := limit.Check{Key: "stall", Limit: limitN, WindowUS: 3600e6, Hits: 1, Lease: true}

@@ -1,24 +1,124 @@
-package redisstore
+package lease
 
 import (
 	"context"
 	"sync"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/options"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
-// Leases (docs/ARCHITECTURE.md, "Leased budgets"): for a check whose rule
-// has lease: true, the store holds a grant, hits taken from the counter
-// in Redis by grant.lua, and decides requests against it in process.
-// The grants of a window add up to at most the limit, and a grant is used
+// Store (docs/ARCHITECTURE.md, "Leased budgets") decides the checks
+// whose rule has lease: true from grants it holds, hits taken from the
+// counter in its Backend (redisstore's grant.lua), and sends the rest
+// to the Backend: it wraps a store as internal/persecond does. The
+// grants of a window add up to at most the limit, and a grant is used
 // only inside the window it was taken in (as this process's clock can
-// tell it, conservatively), so the fleet never admits more than the limit.
+// tell it, conservatively), so the fleet never admits more than the
+// limit. The request path reserves hits from the grants, sends what they
+// lack to the Backend and settles (this file); a refiller takes grants
+// ahead of need and gives back what idle counters hold (refill.go).
+
+// Backend is the store leases take grants from and send the rest to
+// (redisstore.Store).
+type Backend interface {
+	// Evaluate decides checks, none of them leased, all or nothing.
+	Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error)
+	// Grant takes and gives back grants within its own timeout (RLQS's
+	// use); GrantWithin within ctx's deadline alone (the refiller's,
+	// which may wait longer than a request would).
+	Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error)
+	GrantWithin(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error)
+	// BreakerOpen reports a Backend known down: the refiller does not
+	// ask it meanwhile, and what is held keeps deciding.
+	BreakerOpen() bool
+}
+
+// Options configures a [Store].
+type Options struct {
+	// Interval is how long a grant should last at the counter's recent
+	// rate (--lease-interval); zero means DefaultInterval.
+	Interval time.Duration
+	// Timeout is the Backend's own bound on a call: a refill waits at
+	// least this long, and twice the interval.
+	Timeout time.Duration
+	// Metrics receives the lease counts. Nil records nothing.
+	Metrics *metrics.Metrics
+	// Now, when set, is the clock of grants instead of time.Now: the
+	// Backend's scripted clock (tests), with no drift to cover.
+	Now func() time.Time
+}
+
+// Validate refuses options no store can run with.
+func (o Options) Validate() error {
+	switch {
+	case o.Interval < 0:
+		return options.Errorf("lease", "Interval", "%v: want positive", o.Interval)
+	case o.Interval > time.Minute:
+		return options.Errorf("lease", "Interval", "%v: want at most 1m", o.Interval)
+	}
+	return nil
+}
+
+// Store is a Backend with leases. It is safe for concurrent use.
+type Store struct {
+	b         Backend
+	leases    *leases
+	leaseStop chan struct{}
+	leaseWG   sync.WaitGroup
+}
+
+// New wraps b with leases and starts their refiller, until Close.
+func New(b Backend, opts Options) *Store {
+	iv := opts.Interval
+	if iv == 0 {
+		iv = DefaultInterval
+	}
+	l := &leases{b: b, interval: iv, timeout: opts.Timeout, margin: leaseMargin, now: time.Now, m: opts.Metrics,
+		entries: map[string]*grant{}, wake: make(chan struct{}, 1)}
+	if opts.Now != nil {
+		l.now, l.margin = opts.Now, 0
+	}
+	s := &Store{b: b, leases: l, leaseStop: make(chan struct{})}
+	s.leaseWG.Go(func() { s.leases.run(s.leaseStop) })
+	return s
+}
+
+// Evaluate decides checks: through the grants when one is leased, else
+// in the Backend.
+func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
+	for i := range checks {
+		if checks[i].Lease {
+			return s.leases.evaluate(ctx, checks)
+		}
+	}
+	return s.b.Evaluate(ctx, checks)
+}
+
+// Grant is the Backend's (RLQS takes its grants there).
+func (s *Store) Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error) {
+	return s.b.Grant(ctx, ops)
+}
+
+// Close stops the refiller and gives back everything held, once; what
+// cannot go back is lost (counted). It does not close the Backend.
+func (s *Store) Close() error {
+	select {
+	case <-s.leaseStop:
+		return nil
+	default:
+	}
+	close(s.leaseStop)
+	s.leaseWG.Wait()
+	s.leases.pass(true)
+	return nil
+}
 
 // Lease defaults.
 const (
@@ -57,8 +157,9 @@ type grant struct {
 
 // leases is a store's lease accounting and its refiller.
 type leases struct {
-	s        *Store
+	b        Backend
 	interval time.Duration
+	timeout  time.Duration
 	margin   time.Duration
 	now      func() time.Time
 	m        *metrics.Metrics
@@ -66,16 +167,6 @@ type leases struct {
 	mu      sync.Mutex
 	entries map[string]*grant
 	wake    chan struct{}
-}
-
-func newLeases(s *Store, interval time.Duration) *leases {
-	l := &leases{s: s, interval: interval, margin: leaseMargin, now: time.Now, m: s.m,
-		entries: map[string]*grant{}, wake: make(chan struct{}, 1)}
-	if s.now != nil {
-		// A scripted clock (tests) is Redis's own: no drift to cover.
-		l.now, l.margin = s.now, 0
-	}
-	return l
 }
 
 // reservation is hits taken from a grant for one request, kept or put
@@ -105,7 +196,7 @@ func (l *leases) evaluate(ctx context.Context, checks []limit.Check) ([]limit.Re
 	if len(p.sub) == 0 {
 		return p.results, nil
 	}
-	got, err := l.s.evaluateExact(ctx, p.sub)
+	got, err := l.b.Evaluate(ctx, p.sub)
 	return l.settle(&p, got, err)
 }
 
@@ -295,189 +386,3 @@ func (l *leases) answer(g *grant, now time.Time) limit.Result {
 	}
 	return r
 }
-
-// kick wakes the refiller.
-func (l *leases) kick() {
-	select {
-	case l.wake <- struct{}{}:
-	default:
-	}
-}
-
-// run refills grants ahead of need, gives back those of idle counters,
-// and drops what ended with its window, until done is closed.
-func (l *leases) run(done <-chan struct{}) {
-	tick := time.NewTicker(max(l.interval/2, time.Millisecond))
-	defer tick.Stop()
-	for {
-		select {
-		case <-done:
-			return
-		case <-tick.C:
-		case <-l.wake:
-		}
-		l.pass(false)
-	}
-}
-
-// pass makes one round of takes and give-backs, in one script call (one
-// per key on Cluster). With all, everything held is given back (Close).
-func (l *leases) pass(all bool) {
-	now := l.now()
-	idleAfter := max(time.Second, 10*l.interval)
-	l.mu.Lock()
-	ops, gs := l.passOps(now, idleAfter, all)
-	if len(ops) > 0 && !all && l.s.breaker.isOpen() {
-		// Redis is known down: what is held keeps deciding; asking
-		// would only wait.
-		for _, g := range gs {
-			g.inFlight = false
-		}
-		ops = nil
-	}
-	l.mu.Unlock()
-	if len(ops) == 0 {
-		return
-	}
-	start := l.now()
-	// Refills wait longer than a request would: they are ahead of need,
-	// and an answer that comes late still serves.
-	ctx, cancel := context.WithTimeout(context.Background(), max(l.s.timeout, 2*l.interval))
-	out, err := l.s.grantCall(ctx, ops)
-	cancel()
-	l.m.LeaseRefill(err == nil)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for i, g := range gs {
-		g.inFlight = false
-		switch {
-		case err != nil:
-			if ops[i].GiveBack {
-				if all {
-					l.m.LeaseLost(ops[i].Check.Hits)
-				} else {
-					g.avail += ops[i].Check.Hits // the next pass tries again
-				}
-			}
-		case ops[i].GiveBack:
-			// What did not go back (its window ended meanwhile) is lost.
-			l.m.LeaseGivenBack(out[i].Hits, ops[i].Check.Hits-out[i].Hits)
-			if !all && now.Sub(g.lastUse) > idleAfter {
-				delete(l.entries, g.check.Key)
-			}
-		default:
-			l.granted(g, out[i], start)
-		}
-	}
-}
-
-// passOps walks the counters in use lately (at most maxLeaseEntries:
-// those idle for idleAfter leave the map) and returns the takes and
-// give-backs due, their grants marked in flight. Called with mu held.
-func (l *leases) passOps(now time.Time, idleAfter time.Duration, all bool) (ops []GrantOp, gs []*grant) {
-	for k, g := range l.entries {
-		if g.inFlight {
-			continue
-		}
-		l.measure(g, now)
-		idle := now.Sub(g.lastUse) > idleAfter
-		bucket := g.check.Algorithm == limit.TokenBucket
-		if g.avail > 0 && !now.Before(g.validTill) && !bucket {
-			// The window ended (as far as this clock can tell): its
-			// hits cannot be used in the next, nor given back.
-			l.m.LeaseLost(g.avail)
-			g.avail, g.used = 0, 0
-			g.gen++
-		}
-		switch {
-		case g.avail > 0 && (all || idle || (bucket && !now.Before(g.validTill))):
-			// The hits leave the grant now: none may be used while they
-			// are on their way back.
-			ops = append(ops, GrantOp{Check: withHits(g.check, g.avail), GiveBack: true, WindowEndUS: g.windowEnd})
-			gs = append(gs, g)
-			g.avail, g.used, g.inFlight = 0, 0, true
-			g.gen++
-		case all:
-		case idle:
-			delete(l.entries, k)
-		default:
-			want := lease.GrantSize(g.rate, l.interval, g.remaining)
-			// A rate too low to fill a grant of two: decided exactly, as
-			// without a lease. Otherwise hold between one and two grants,
-			// so a stall shorter than the interval finds hits in hand.
-			if want < 2 || g.avail >= want || now.Before(g.dryUntil) {
-				continue
-			}
-			ops = append(ops, GrantOp{Check: withHits(g.check, want)})
-			gs = append(gs, g)
-			g.inFlight = true
-		}
-	}
-	return ops, gs
-}
-
-// granted takes a grant's answer in: the hits held, until when they
-// may be used (on this clock, counted from start, when the call was
-// sent), and what the counter has left. Called with mu held.
-func (l *leases) granted(g *grant, r GrantResult, start time.Time) {
-	l.m.LeaseGranted(r.Hits)
-	reset := time.Duration(r.ResetUS) * time.Microsecond
-	if g.check.Algorithm == limit.TokenBucket {
-		// A bucket's tokens have no window: held ones are given back
-		// after two intervals, so that what this process admits over
-		// any span stays near the bucket's own bound.
-		g.validTill = start.Add(2 * l.interval)
-	} else {
-		if r.WindowEndUS != g.windowEnd {
-			if g.avail > 0 {
-				l.m.LeaseLost(g.avail)
-			}
-			g.avail, g.used = 0, 0
-			g.gen++
-		}
-		g.windowEnd = r.WindowEndUS
-		// From when the call was sent: the script ran later, so the
-		// window ends no sooner than this on this clock.
-		g.validTill = start.Add(reset - l.margin)
-	}
-	g.avail += r.Hits
-	g.granted = g.granted || r.Hits > 0
-	g.remaining = r.Remaining
-	g.resetAt = start.Add(reset)
-	if r.Hits == 0 {
-		g.dryUntil = g.resetAt
-	}
-}
-
-// earns reports whether what was asked of g since its rate was last
-// measured, over long enough, would earn a grant of two hits. Called
-// with mu held.
-func (l *leases) earns(g *grant, now time.Time) bool {
-	el := now.Sub(g.rateFrom)
-	return el >= l.interval/4 && float64(g.asked)*float64(l.interval) >= 2*float64(el)
-}
-
-// measure updates g's rate from what was asked of it since the last pass.
-// Called with mu held.
-func (l *leases) measure(g *grant, now time.Time) {
-	el := now.Sub(g.rateFrom)
-	if el < l.interval/4 {
-		return
-	}
-	inst := float64(g.asked) / el.Seconds()
-	if g.rate == 0 {
-		g.rate = inst
-	} else {
-		g.rate = (g.rate + inst) / 2
-	}
-	g.asked, g.rateFrom = 0, now
-}
-
-func withHits(c limit.Check, n uint64) limit.Check {
-	c.Hits = n
-	return c
-}
-
-// close gives back everything held, once; what cannot go back is lost
-// (counted).
-func (l *leases) close() { l.pass(true) }
