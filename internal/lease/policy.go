@@ -1,11 +1,13 @@
-// Package lease holds the sizing policy of leased budgets (issue: leases)
+// Package lease decides leased budgets in process: a Store wraps the
+// Redis store, holds grants and decides the checks of rules with
+// lease: true from them (store.go, refill.go); the sizing policy below,
 // and a simulation that compares it with the usual ways of counting
-// locally. A lease is a number of hits an instance takes from a counter's
+// locally, are here too. A lease is a number of hits an instance takes from a counter's
 // shared budget at once (a "grant"), atomically, never more than what
 // remains, and then decides requests against in process. Because the
 // grants of a window add up to at most the limit, a fleet deciding from
 // grants never admits more than the limit, whatever its size, the skew
-// of its traffic, or the clocks. The policy below decides how much to ask
+// of its traffic, or the clocks. GrantSize decides how much to ask
 // for: enough to decide locally for about one lease interval, little
 // enough that one instance cannot strand the budget the others need.
 package lease
