@@ -32,206 +32,55 @@ const (
 // anything else (a descriptor's limit override, unknown fields, a field
 // repeated that protobuf would merge, text that is not UTF-8, a malformed
 // message): its caller then hands the message to proto.Unmarshal, which
-// decides it in full. It walks the message once, checking as it reads;
-// the slabs grow as it goes, so pointers into them are taken at the end.
+// decides it in full.
 func decodeRequest(b []byte, m *rlsv3.RateLimitRequest) bool {
-	var d requestDecoder
-	d.descs, d.text = d.descStack[:0], d.textStack[:0]
-	if !d.walk(b, m) {
+	ndesc, nent, ok := countRequest(b)
+	if !ok {
 		return false
 	}
-	d.finish(b, m)
-	return true
-}
-
-// requestDecoder holds what one walk has read: the descriptors (each
-// with its entries' range in ents), the entries, and the text still to
-// copy, by index. Small requests fit the arrays inside it.
-type requestDecoder struct {
-	descs     []decodedDesc
-	nent      int // entries read
-	text      []entryText
-	domain    [2]int // start and end of the domain's text; end 0: none
-	descStack [4]decodedDesc
-	textStack [16]entryText
-}
-
-type decodedDesc struct {
-	hits        *wrapperspb.UInt64Value
-	negative    bool
-	first, last int // its entries: ents[first:last]
-}
-
-// entryText is an entry's key (value false) or value, b[start:end].
-type entryText struct {
-	ent        int
-	value      bool
-	start, end int
-}
-
-// walk reads and checks the message, in one pass.
-func (d *requestDecoder) walk(b []byte, m *rlsv3.RateLimitRequest) bool {
-	var hits uint32
+	proto.Reset(m)
+	descs := make([]rlv3.RateLimitDescriptor, ndesc)
+	if ndesc > 0 {
+		m.Descriptors = make([]*rlv3.RateLimitDescriptor, ndesc)
+	}
+	ents := make([]rlv3.RateLimitDescriptor_Entry, nent)
+	entPtrs := make([]*rlv3.RateLimitDescriptor_Entry, nent)
+	var stack [16]textSpan
+	spans := stack[:0]
+	domain := textSpan{dst: &m.Domain}
+	d, e := 0, 0
 	for off := 0; off < len(b); {
 		num, typ, n := protowire.ConsumeTag(b[off:])
-		if n < 0 {
-			return false
-		}
 		off += n
 		switch {
 		case num == reqDomain && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b[off:])
-			if n < 0 || !utf8.Valid(v) {
-				return false
-			}
 			// The last one wins, as in protobuf.
-			d.domain = [2]int{off + n - len(v), off + n}
+			v, n := protowire.ConsumeBytes(b[off:])
+			domain.start, domain.end = off+n-len(v), off+n
 			off += n
 		case num == reqHitsAddend && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b[off:])
-			if n < 0 {
-				return false
-			}
-			hits = uint32(v)
+			m.HitsAddend = uint32(v)
 			off += n
-		case num == reqDescriptors && typ == protowire.BytesType:
+		default: // a descriptor: countRequest let nothing else through
 			v, n := protowire.ConsumeBytes(b[off:])
-			if n < 0 || !d.descriptor(v, off+n-len(v)) {
-				return false
-			}
+			base := off + n - len(v)
 			off += n
-		default:
-			return false
+			desc := &descs[d]
+			m.Descriptors[d] = desc
+			d++
+			first := e
+			spans = decodeDescriptor(v, base, desc, ents, entPtrs, &e, spans)
+			if e > first {
+				desc.Entries = entPtrs[first:e:e]
+			}
 		}
 	}
-	m.HitsAddend = hits
+	if domain.end > domain.start {
+		spans = append(spans, domain)
+	}
+	copyText(b, spans)
 	return true
-}
-
-// descriptor reads one descriptor, v, which starts at base in the
-// message.
-func (d *requestDecoder) descriptor(v []byte, base int) bool {
-	desc := decodedDesc{first: d.nent}
-	for off := 0; off < len(v); {
-		num, typ, n := protowire.ConsumeTag(v[off:])
-		if n < 0 {
-			return false
-		}
-		off += n
-		switch {
-		case num == descEntries && typ == protowire.BytesType:
-			ev, n := protowire.ConsumeBytes(v[off:])
-			if n < 0 || !d.entry(ev, base+off+n-len(ev)) {
-				return false
-			}
-			off += n
-		case num == descHitsAddend && typ == protowire.BytesType && desc.hits == nil:
-			// Twice would be merged by protobuf: left to it.
-			wv, n := protowire.ConsumeBytes(v[off:])
-			if n < 0 {
-				return false
-			}
-			w, ok := readWrapper(wv)
-			if !ok {
-				return false
-			}
-			desc.hits = w
-			off += n
-		case num == descNegative && typ == protowire.VarintType:
-			x, n := protowire.ConsumeVarint(v[off:])
-			if n < 0 {
-				return false
-			}
-			desc.negative = x != 0
-			off += n
-		default: // the limit override, unknown fields
-			return false
-		}
-	}
-	desc.last = d.nent
-	d.descs = append(d.descs, desc)
-	return true
-}
-
-// entry reads an entry, ev at base: a key and a value, each UTF-8 text.
-func (d *requestDecoder) entry(ev []byte, base int) bool {
-	e := d.nent
-	d.nent++
-	for off := 0; off < len(ev); {
-		num, typ, n := protowire.ConsumeTag(ev[off:])
-		if n < 0 || typ != protowire.BytesType || (num != entryKey && num != entryValue) {
-			return false
-		}
-		off += n
-		s, n := protowire.ConsumeBytes(ev[off:])
-		if n < 0 || !utf8.Valid(s) {
-			return false
-		}
-		d.text = append(d.text, entryText{ent: e, value: num == entryValue, start: base + off + n - len(s), end: base + off + n})
-		off += n
-	}
-	return true
-}
-
-// readWrapper reads a google.protobuf.UInt64Value: its value at most.
-func readWrapper(v []byte) (*wrapperspb.UInt64Value, bool) {
-	w := &wrapperspb.UInt64Value{}
-	for off := 0; off < len(v); {
-		num, typ, n := protowire.ConsumeTag(v[off:])
-		if n < 0 || num != wrapperValue || typ != protowire.VarintType {
-			return nil, false
-		}
-		off += n
-		x, n := protowire.ConsumeVarint(v[off:])
-		if n < 0 {
-			return nil, false
-		}
-		w.Value = x
-		off += n
-	}
-	return w, true
-}
-
-// finish fills m from what the walk read: the slabs are final now, so
-// pointers into them hold.
-func (d *requestDecoder) finish(b []byte, m *rlsv3.RateLimitRequest) {
-	hits := m.HitsAddend
-	proto.Reset(m)
-	m.HitsAddend = hits
-	if n := len(d.descs); n > 0 {
-		descs := make([]rlv3.RateLimitDescriptor, n)
-		m.Descriptors = make([]*rlv3.RateLimitDescriptor, n)
-		ents := make([]rlv3.RateLimitDescriptor_Entry, d.nent)
-		ptrs := make([]*rlv3.RateLimitDescriptor_Entry, d.nent)
-		for i := range ents {
-			ptrs[i] = &ents[i]
-		}
-		for i, dd := range d.descs {
-			desc := &descs[i]
-			desc.HitsAddend, desc.IsNegativeHits = dd.hits, dd.negative
-			if dd.last > dd.first {
-				desc.Entries = ptrs[dd.first:dd.last:dd.last]
-			}
-			m.Descriptors[i] = desc
-		}
-		var stack [16]textSpan
-		spans := stack[:0]
-		for _, t := range d.text {
-			dst := &ents[t.ent].Key
-			if t.value {
-				dst = &ents[t.ent].Value
-			}
-			spans = append(spans, textSpan{dst: dst, start: t.start, end: t.end})
-		}
-		if d.domain[1] > d.domain[0] {
-			spans = append(spans, textSpan{dst: &m.Domain, start: d.domain[0], end: d.domain[1]})
-		}
-		copyText(b, spans)
-		return
-	}
-	if d.domain[1] > d.domain[0] {
-		copyText(b, []textSpan{{dst: &m.Domain, start: d.domain[0], end: d.domain[1]}})
-	}
 }
 
 // compactText is the most text a request's strings share one copy for:
@@ -269,4 +118,165 @@ func copyText(b []byte, spans []textSpan) {
 		*sp.dst = text[pos : pos+n]
 		pos += n
 	}
+}
+
+// decodeDescriptor fills desc from v, which starts at base in the
+// message and which countDescriptor has checked, taking its entries from
+// ents at *e onwards; it adds the spans of their text to spans.
+func decodeDescriptor(v []byte, base int, desc *rlv3.RateLimitDescriptor,
+	ents []rlv3.RateLimitDescriptor_Entry, ptrs []*rlv3.RateLimitDescriptor_Entry, e *int, spans []textSpan) []textSpan {
+	for off := 0; off < len(v); {
+		num, _, n := protowire.ConsumeTag(v[off:])
+		off += n
+		switch num {
+		case descEntries:
+			ev, n := protowire.ConsumeBytes(v[off:])
+			ebase := base + off + n - len(ev)
+			off += n
+			ent := &ents[*e]
+			ptrs[*e] = ent
+			*e++
+			for eoff := 0; eoff < len(ev); {
+				enum, _, n := protowire.ConsumeTag(ev[eoff:])
+				eoff += n
+				sv, n := protowire.ConsumeBytes(ev[eoff:])
+				sp := textSpan{dst: &ent.Value, start: ebase + eoff + n - len(sv), end: ebase + eoff + n}
+				if enum == entryKey {
+					sp.dst = &ent.Key
+				}
+				eoff += n
+				spans = append(spans, sp)
+			}
+		case descHitsAddend:
+			wv, n := protowire.ConsumeBytes(v[off:])
+			off += n
+			w := &wrapperspb.UInt64Value{}
+			for woff := 0; woff < len(wv); {
+				_, _, n := protowire.ConsumeTag(wv[woff:])
+				woff += n
+				x, n := protowire.ConsumeVarint(wv[woff:])
+				woff += n
+				w.Value = x
+			}
+			desc.HitsAddend = w
+		default: // is_negative_hits
+			x, n := protowire.ConsumeVarint(v[off:])
+			off += n
+			desc.IsNegativeHits = x != 0
+		}
+	}
+	return spans
+}
+
+// countRequest walks the whole message once, checking every field as
+// decodeRequest will read it, and counts descriptors and entries.
+func countRequest(b []byte) (ndesc, nent int, ok bool) {
+	for off := 0; off < len(b); {
+		num, typ, n := protowire.ConsumeTag(b[off:])
+		if n < 0 {
+			return 0, 0, false
+		}
+		off += n
+		switch {
+		case num == reqDomain && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b[off:])
+			if n < 0 || !utf8.Valid(v) {
+				return 0, 0, false
+			}
+			off += n
+		case num == reqHitsAddend && typ == protowire.VarintType:
+			_, n := protowire.ConsumeVarint(b[off:])
+			if n < 0 {
+				return 0, 0, false
+			}
+			off += n
+		case num == reqDescriptors && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b[off:])
+			if n < 0 {
+				return 0, 0, false
+			}
+			off += n
+			k, ok := countDescriptor(v)
+			if !ok {
+				return 0, 0, false
+			}
+			ndesc++
+			nent += k
+		default:
+			return 0, 0, false
+		}
+	}
+	return ndesc, nent, true
+}
+
+// countDescriptor checks a descriptor and counts its entries.
+func countDescriptor(v []byte) (nent int, ok bool) {
+	hits := false
+	for off := 0; off < len(v); {
+		num, typ, n := protowire.ConsumeTag(v[off:])
+		if n < 0 {
+			return 0, false
+		}
+		off += n
+		switch {
+		case num == descEntries && typ == protowire.BytesType:
+			ev, n := protowire.ConsumeBytes(v[off:])
+			if n < 0 || !validEntry(ev) {
+				return 0, false
+			}
+			off += n
+			nent++
+		case num == descHitsAddend && typ == protowire.BytesType && !hits:
+			// Twice would be merged by protobuf: left to it.
+			hits = true
+			wv, n := protowire.ConsumeBytes(v[off:])
+			if n < 0 || !validWrapper(wv) {
+				return 0, false
+			}
+			off += n
+		case num == descNegative && typ == protowire.VarintType:
+			_, n := protowire.ConsumeVarint(v[off:])
+			if n < 0 {
+				return 0, false
+			}
+			off += n
+		default: // the limit override, unknown fields
+			return 0, false
+		}
+	}
+	return nent, true
+}
+
+// validEntry checks an entry: a key and a value, each UTF-8 text.
+func validEntry(v []byte) bool {
+	for off := 0; off < len(v); {
+		num, typ, n := protowire.ConsumeTag(v[off:])
+		if n < 0 || typ != protowire.BytesType || (num != entryKey && num != entryValue) {
+			return false
+		}
+		off += n
+		s, n := protowire.ConsumeBytes(v[off:])
+		if n < 0 || !utf8.Valid(s) {
+			return false
+		}
+		off += n
+	}
+	return true
+}
+
+// validWrapper checks a google.protobuf.UInt64Value: its value at most.
+func validWrapper(v []byte) bool {
+	for off := 0; off < len(v); {
+		num, typ, n := protowire.ConsumeTag(v[off:])
+		if n < 0 || num != wrapperValue || typ != protowire.VarintType {
+			return false
+		}
+		off += n
+		_, n = protowire.ConsumeVarint(v[off:])
+		if n < 0 {
+			return false
+		}
+		off += n
+	}
+	return true
 }
