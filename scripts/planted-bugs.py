@@ -72,7 +72,7 @@ muts = [
     ("49 refunds fill the grant without bound","internal/lease/store.go","k = min(g.used, hits)","k = hits","./internal/lease","TestLeaseRefundBounded"),
     ("50 a refund to Redis frees the held hits too","internal/lease/store.go","\t\trest += g.avail\n","\t\t_ = 0\n","./internal/lease","TestLeaseRefundBounded"),
     ("51 expired hits given back into the next window","internal/lease/store.go","\tif valid {\n\t\t// The rest goes to Redis","\tif true {\n\t\t// The rest goes to Redis","./internal/lease","TestLeaseDifferential"),
-    ("52 local decisions wait on Redis too","internal/lease/store.go","\tif len(p.sub) == 0 {\n\t\treturn p.results, nil","\tif false {\n\t\treturn p.results, nil","./internal/lease","TestLeaseThroughStalls"),
+    ("52 local decisions wait on Redis too (the lease store sends leased checks to its backend)","internal/lease/store.go","\t\tif checks[i].Lease {\n\t\t\treturn s.leases.evaluate(ctx, checks)","\t\tif checks[i].Lease && false {\n\t\t\treturn s.leases.evaluate(ctx, checks)","./internal/lease","TestLeaseThroughStalls"),
     ("53 reservations not taken from the grant","internal/lease/store.go","\t\tg.avail -= r\n","\t\t_ = 0\n","./internal/lease","TestLeaseFleetNeverExceeds"),
     ("54 Cluster grants in one cross-slot call","internal/redisstore/grant.go","if s.cluster != nil && len(ops) > 1 {","if false {","./internal/redisstore","TestClusterLeases"),
     ("55 cold counters take single-hit grants","internal/lease/refill.go","if want < 2 || g.avail >= want ||","if want < 1 || g.avail >= want ||","./internal/lease","TestLeaseColdCounter"),
