@@ -24,6 +24,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
 	"github.com/ratelimitd/ratelimitd/internal/persecond"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/rlqs"
 	"github.com/ratelimitd/ratelimitd/internal/server"
@@ -221,7 +222,10 @@ func (a *app) newService(context.Context) error {
 		cache = overlimitcache.New(int(a.s.localCacheSize))
 	}
 	o := a.s.svc
-	o.Metrics, o.Compat, o.Logger, o.Traced = a.m, a.compat, a.log, a.traces != nil
+	// Each decision and request-level event is told once to each sink:
+	// ratelimitd's metrics and envoyproxy/ratelimit's stats.
+	o.Recorders = []record.Recorder{metrics.Recorder{M: a.m}, compatstats.NewRecorder(a.compat)}
+	o.Logger, o.Traced = a.log, a.traces != nil
 	a.svc = service.New(a.rules, a.store, cache, o)
 	return nil
 }

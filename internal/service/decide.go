@@ -16,6 +16,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 )
 
 // checkState is what the service knows of one check besides the check.
@@ -36,22 +37,23 @@ type checkState struct {
 // outcome, fail_open or fail_closed, in ratelimitd_decisions_total).
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
-	resp, err := s.decide(ctx, req, start)
-	if s.opts.Compat != nil { // no clock read for it when the stats are off
-		s.opts.Compat.Request(time.Since(start))
+	resp, err := s.decide(ctx, req)
+	e := record.Event{Kind: record.Request, Duration: time.Since(start)}
+	if err == nil {
+		e.Code = resp.GetOverallCode().String()
 	}
+	s.event(e)
 	return resp, err
 }
 
-func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start time.Time) (*rlsv3.RateLimitResponse, error) {
+func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if err := s.validate(req); err != nil {
-		s.m.InvalidRequest()
-		s.opts.Compat.ServiceError()
+		s.event(record.Event{Kind: record.Invalid})
 		return nil, err
 	}
 	rules := s.rules.Load()
 	if rules == nil {
-		s.opts.Compat.ServiceError()
+		s.event(record.Event{Kind: record.NoRules})
 		return nil, ErrNoRules
 	}
 	descs := req.GetDescriptors()
@@ -60,8 +62,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 	items := sc.itemsFor(len(descs))
 	dom := rules.Domain(req.GetDomain())
 	if dom == nil {
-		s.m.UnknownDomainRequest()
-		s.opts.Compat.DomainNotFound(req.GetDomain())
+		s.event(record.Event{Kind: record.UnknownDomain, Domain: req.GetDomain()})
 	}
 	s.plan(req, dom, items)
 
@@ -81,7 +82,6 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 			attribute.String("ratelimit.overall_code", resp.GetOverallCode().String()),
 			attribute.String("ratelimit.answer_path", answerPath(states)))
 	}
-	s.m.Request(resp.GetOverallCode().String(), time.Since(start))
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "decision", "domain", req.GetDomain(), "descriptors", len(descs),
 			"checks", len(checks), "code", resp.GetOverallCode().String())
@@ -223,11 +223,11 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 	}
 	res, err := s.storeEvaluate(ctx, send)
 	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
-		s.m.CanceledRequest()
+		s.event(record.Event{Kind: record.Canceled})
 		return fmt.Errorf("%w: %w", ErrCanceled, context.Canceled)
 	}
 	if err != nil {
-		s.opts.Compat.RedisError()
+		s.event(record.Event{Kind: record.StoreError})
 		s.logFailure(ctx, err, len(send))
 		unknown := mayHaveRun(err)
 		for c := range states {
@@ -415,7 +415,7 @@ func mayHaveRun(err error) bool {
 func (s *Service) countHits(domain string, items []item, result func(*item) string) {
 	for i := range items {
 		if it := &items[i]; it.kind == counted && !it.refund {
-			s.m.Hit(domain, it.label, result(it), it.hits)
+			s.event(record.Event{Kind: record.Hits, Domain: domain, Label: it.label, HitsResult: result(it), Hits: it.hits})
 		}
 	}
 }

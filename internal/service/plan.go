@@ -151,7 +151,7 @@ func (s *Service) planRule(it *item, dom *config.Domain, r *config.Rule, ents []
 	l := r.Limit
 	it.rule, it.name, it.label = r, l.Name, l.Name
 	switch {
-	case r.DetailedMetric && s.m != nil:
+	case r.DetailedMetric:
 		it.label = s.detailed.label(dom.Name, r, ents)
 	case it.label == "":
 		it.label = r.Path

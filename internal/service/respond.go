@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 )
 
 // respond builds the response from the decided items and counts each
@@ -37,8 +38,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []*rlcommon.RateLim
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		if s.opts.ShadowMode {
 			resp.OverallCode = rlsv3.RateLimitResponse_OK
-			s.m.ShadowRequest()
-			s.opts.Compat.GlobalShadow()
+			s.event(record.Event{Kind: record.GlobalShadow})
 		}
 	}
 	if s.opts.ResponseHeaders != HeadersOff {
@@ -78,7 +78,7 @@ func (r *responder) status(i int, slab *statusSlab) (counted, over bool) {
 		return false, false
 	case unlimited:
 		st.LimitRemaining = math.MaxUint32
-		s.record(Decision{Domain: r.domain, Label: it.label, Outcome: OutcomeUnlimited})
+		s.record(record.Decision{Domain: r.domain, Label: it.label, Outcome: OutcomeUnlimited})
 		r.why.set(i, OutcomeUnlimited)
 		return false, false
 	}
@@ -91,7 +91,7 @@ func (r *responder) status(i int, slab *statusSlab) (counted, over bool) {
 		st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(it.mult)
 	}
 	cs := &r.states[it.check]
-	d := Decision{Domain: r.domain, Label: it.label, Rule: it.rule, Entries: r.descs[i].GetEntries(), Hits: it.hits,
+	d := record.Decision{Domain: r.domain, Label: it.label, Rule: it.rule, Entries: r.descs[i].GetEntries(), Hits: it.hits,
 		Counted: true, Refund: it.refund, Cached: cs.cached}
 	if !it.refund {
 		d.HitsResult = hitsResult(&r.checks[it.check], cs, r.stored)
@@ -107,7 +107,7 @@ func (r *responder) status(i int, slab *statusSlab) (counted, over bool) {
 		st.DurationUntilReset = untilReset(&slab.dur, it.algo, cs.res.ResetUS)
 	}
 	if over && it.shadow {
-		over, d.Outcome = false, OutcomeShadow
+		over, d.Outcome, d.Shadow = false, OutcomeShadow, true
 	}
 	s.record(d)
 	r.why.set(i, d.Outcome)
@@ -126,7 +126,7 @@ func (r *responder) status(i int, slab *statusSlab) (counted, over bool) {
 // decided is the status of an item the store decided: over or not, the
 // remaining count, near_limit, and what d reports of it (the counter's
 // use before its hits).
-func (r *responder) decided(it *item, cs *checkState, st *rlsv3.RateLimitResponse_DescriptorStatus, d *Decision) (over bool, outcome string) {
+func (r *responder) decided(it *item, cs *checkState, st *rlsv3.RateLimitResponse_DescriptorStatus, d *record.Decision) (over bool, outcome string) {
 	outcome = OutcomeOK
 	ch := &r.checks[it.check]
 	if !ch.Refund && !it.refund {

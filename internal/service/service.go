@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/options"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/compatstats"
@@ -131,12 +132,17 @@ type Options struct {
 	// context (the server's tracing is on): only then is the decision
 	// described on it. Off, the request pays no context lookup for it.
 	Traced bool
-	// Metrics receives decision counters. Nil records nothing.
-	Metrics *metrics.Metrics
-	// Compat counts every decision under envoyproxy/ratelimit's stat
+	// Recorders are told each descriptor's decision and each
+	// request-level event, once each (internal/record): the assembler
+	// hands in ratelimitd's metrics and envoyproxy/ratelimit's stats.
+	// Nil means those of Metrics and Compat.
+	Recorders []record.Recorder
+	// Metrics and Compat, when Recorders is nil, are the sinks: decision
+	// counters, and every decision under envoyproxy/ratelimit's stat
 	// names too (statsd, and Prometheus through its mapping). Nil counts
 	// nothing.
-	Compat *compatstats.Stats
+	Metrics *metrics.Metrics
+	Compat  *compatstats.Stats
 	// Logger receives fail-open warnings (at most one a second) and, at
 	// debug level, one line per request. Nil discards.
 	Logger *slog.Logger
@@ -174,12 +180,10 @@ type Service struct {
 	opts  Options
 	log   *slog.Logger
 	now   func() time.Time
-	m     *metrics.Metrics
 
-	detailed    detailedLabels
-	compatRules atomic.Pointer[compatstats.Rules]
-	// recorders are told each descriptor's decision (record).
-	recorders []Recorder
+	detailed detailedLabels
+	// recorders are told each decision and event (recorder.go).
+	recorders []record.Recorder
 
 	demand      Demand
 	lastFailLog lograte.Limiter // of the fail-open log line
@@ -223,8 +227,10 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
 		opts.NearLimitRatio = compatstats.DefaultNearLimitRatio
 	}
-	s := &Service{store: store, cache: cache, opts: opts, log: opts.Logger, now: opts.Now, m: opts.Metrics}
-	s.recorders = []Recorder{metricsRecorder{opts.Metrics}, compatRecorder{s}}
+	s := &Service{store: store, cache: cache, opts: opts, log: opts.Logger, now: opts.Now, recorders: opts.Recorders}
+	if s.recorders == nil {
+		s.recorders = []record.Recorder{metrics.Recorder{M: opts.Metrics}, compatstats.NewRecorder(opts.Compat)}
+	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -233,9 +239,9 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	}
 	s.detailed.cap = opts.DetailedMetricCap
 	s.flightS = int64(opts.UsageTimeout / time.Second)
+	s.useRules(rules)
 	s.rules.Store(rules)
 	s.charged.Store(new(sync.Map))
-	s.compatRules.Store(opts.Compat.ForRules(rules))
 	return s
 }
 
@@ -246,7 +252,7 @@ func (s *Service) Demand() *Demand { return &s.demand }
 // it returns, and empties the over-limit cache: a changed limit makes its
 // entries suspect.
 func (s *Service) SetRules(rules *config.Snapshot) {
-	s.compatRules.Store(s.opts.Compat.ForRules(rules))
+	s.useRules(rules)
 	s.rules.Store(rules)
 	s.charged.Store(new(sync.Map))
 	s.detailed.reset()
