@@ -109,7 +109,7 @@ muts = [
     ("87 a refund to the grant does not lower its use","internal/lease/store.go","\t\tk = min(g.used, hits)\n\t\tg.used -= k\n","\t\tk = min(g.used, hits)\n","./internal/lease","TestLeaseDoubleRefund"),
     ("88 a refill in a later window keeps the earlier window's hits","internal/lease/refill.go","if r.WindowEndUS != g.windowEnd {","if false && r.WindowEndUS != g.windowEnd {","./internal/lease","TestLeaseRefillInNextWindow"),
     ("89 idle counters that held a grant never leave the map","internal/lease/refill.go","\t\tcase idle:\n","\t\tcase idle && !g.granted:\n","./internal/lease","TestLeaseIdleForgotten"),
-    ("90 a give-back applied whatever window it names","internal/redisstore/scripts/grant.lua","    elseif gend == we then\n","    else\n","./internal/redisstore","TestGrantGiveBackOtherWindow"),
+    ("90 a give-back applied whatever window it names","internal/redisstore/scripts/grant.lua","    elseif op == GIVE_BACK and gend == we then\n","    elseif op == GIVE_BACK then\n","./internal/redisstore","TestGrantGiveBackOtherWindow"),
     ("91 xDS without backoff options reconnects at once","internal/xds/xds.go","if o.BackoffInitial <= 0 {","if o.BackoffInitial < 0 {","./internal/xds","TestBackoffBounds"),
     ("92 xDS waits grow past BackoffMax","internal/xds/xds.go","if o.BackoffMax < o.BackoffInitial {","if o.BackoffMax >= o.BackoffInitial {","./internal/xds","TestBackoffBounds"),
     ("93 xDS headers never sent","internal/xds/xds.go","if len(o.Headers) > 0 {","if len(o.Headers) < 0 {","./internal/xds","TestHeadersSent"),
@@ -314,6 +314,7 @@ muts = [
     ("291 the charge journal keeps charges no replica can confirm","internal/redisstore/journal.go","\tcase replicas == 0:\n\t\t// Nothing can confirm","\tcase replicas < 0:\n\t\t// Nothing can confirm","./internal/redisstore","TestChargeJournalNoReplica"),
     ("292 the charge journal's abandoned charges uncounted at Close","internal/redisstore/journal.go","\t\tj.s.m.ChargeJournal(JournalAbandoned, n)\n","","./internal/redisstore","TestChargeJournalBound"),
     ("293 the recorders never told of the rules in force (the incumbent's stats count nothing)","internal/service/service.go","\ts.useRules(rules)\n\ts.rules.Store(rules)\n\ts.charged.Store(new(sync.Map))\n\treturn s","\ts.rules.Store(rules)\n\ts.charged.Store(new(sync.Map))\n\treturn s","./cmd/ratelimitd","TestIncumbentStats"),
+    ("294 grant.lua's ops swapped against Go's","internal/redisstore/scripts/grant.lua","local TAKE, GIVE_BACK = 1, 2","local TAKE, GIVE_BACK = 2, 1","./internal/redisstore","TestScriptContract"),
 ]
 only = sys.argv[1:]
 missed = 0

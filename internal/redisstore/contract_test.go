@@ -15,40 +15,30 @@ import (
 // saturation. A number changed on one side only fails here, not in a
 // decision some traffic happens to reach.
 func TestScriptContract(t *testing.T) {
-	src, err := scriptFS.ReadFile("scripts/decide.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lua := map[string]int64{}
-	decl := regexp.MustCompile(`(?m)^local ([A-Z_][A-Z0-9_]*(?:, [A-Z_][A-Z0-9_]*)*) = ([0-9]+(?:, [0-9]+)*)$`)
-	for _, m := range decl.FindAllStringSubmatch(string(src), -1) {
-		names, vals := strings.Split(m[1], ", "), strings.Split(m[2], ", ")
-		if len(names) != len(vals) {
-			t.Fatalf("decide.lua: %q: %d names, %d values", m[0], len(names), len(vals))
-		}
-		for i, n := range names {
-			v, err := strconv.ParseInt(vals[i], 10, 64)
-			if err != nil {
-				t.Fatalf("decide.lua: %s = %q: %v", n, vals[i], err)
-			}
-			lua[n] = v
-		}
-	}
-	for name, want := range map[string]int64{
-		"HITS_UNIT": 1 << hitsShift, "RULE_UNIT": ruleUnit, "KIND_UNIT": kindUnit,
-		"FLAG_REFUND": flagRefund, "FLAG_NO_VETO": flagNoVeto, "FLAG_USAGE": flagUsage, "FLAG_BIG": flagBig,
-		"CALENDAR_UNIT": calendarUnit, "FLIGHT_UNIT": flightUnit,
-		"FIXED_WINDOW": int64(limit.FixedWindow), "SLIDING_WINDOW": int64(limit.SlidingWindow), "TOKEN_BUCKET": int64(limit.TokenBucket),
-		"BY_HITS": int64(limit.ByHits), "ZERO_CHARGE": int64(limit.ZeroCharge), "COST_CHECK": int64(limit.CostCheck), "QUIET": int64(limit.QuietCost),
-		"MIN_FLIGHT": limit.MinFlightMS, "COLD_FLIGHT": limit.ColdFlightMS, "SAMPLE_CHARGES": limit.SampleCharges, "COLD_IN_FLIGHT": limit.ColdInFlight,
-		"MAXC": limit.MaxCount, "MAXSC": limit.MaxSlidingCount,
+	for script, want := range map[string]map[string]int64{
+		"decide.lua": {
+			"HITS_UNIT": 1 << hitsShift, "RULE_UNIT": ruleUnit, "KIND_UNIT": kindUnit,
+			"FLAG_REFUND": flagRefund, "FLAG_NO_VETO": flagNoVeto, "FLAG_USAGE": flagUsage, "FLAG_BIG": flagBig,
+			"CALENDAR_UNIT": calendarUnit, "FLIGHT_UNIT": flightUnit,
+			"FIXED_WINDOW": int64(limit.FixedWindow), "SLIDING_WINDOW": int64(limit.SlidingWindow), "TOKEN_BUCKET": int64(limit.TokenBucket),
+			"BY_HITS": int64(limit.ByHits), "ZERO_CHARGE": int64(limit.ZeroCharge), "COST_CHECK": int64(limit.CostCheck), "QUIET": int64(limit.QuietCost),
+			"MIN_FLIGHT": limit.MinFlightMS, "COLD_FLIGHT": limit.ColdFlightMS, "SAMPLE_CHARGES": limit.SampleCharges, "COLD_IN_FLIGHT": limit.ColdInFlight,
+			"MAXC": limit.MaxCount, "MAXSC": limit.MaxSlidingCount,
+		},
+		"grant.lua": {
+			"TAKE": grantTake, "GIVE_BACK": grantGiveBack,
+			"SLIDING_WINDOW": int64(limit.SlidingWindow), "TOKEN_BUCKET": int64(limit.TokenBucket),
+		},
 	} {
-		got, ok := lua[name]
-		switch {
-		case !ok:
-			t.Errorf("decide.lua declares no %s", name)
-		case got != want:
-			t.Errorf("decide.lua's %s = %d, Go's %d", name, got, want)
+		lua := luaConstants(t, script)
+		for name, w := range want {
+			got, ok := lua[name]
+			switch {
+			case !ok:
+				t.Errorf("%s declares no %s", script, name)
+			case got != w:
+				t.Errorf("%s's %s = %d, Go's %d", script, name, got, w)
+			}
 		}
 	}
 	// Packed fields must not overlap: the flags and the kind below the
@@ -59,4 +49,30 @@ func TestScriptContract(t *testing.T) {
 	if int64(limit.CalendarYear)*calendarUnit >= flightUnit || int64(limit.TokenBucket) >= calendarUnit {
 		t.Errorf("a rule's packed algorithm, calendar and flight overlap")
 	}
+}
+
+// luaConstants reads the constants a script declares at the start of a
+// line: local NAME[, NAME...] = number[, number...].
+func luaConstants(t *testing.T, script string) map[string]int64 {
+	t.Helper()
+	src, err := scriptFS.ReadFile("scripts/" + script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lua := map[string]int64{}
+	decl := regexp.MustCompile(`(?m)^local ([A-Z_][A-Z0-9_]*(?:, [A-Z_][A-Z0-9_]*)*) = ([0-9]+(?:, [0-9]+)*)$`)
+	for _, m := range decl.FindAllStringSubmatch(string(src), -1) {
+		names, vals := strings.Split(m[1], ", "), strings.Split(m[2], ", ")
+		if len(names) != len(vals) {
+			t.Fatalf("%s: %q: %d names, %d values", script, m[0], len(names), len(vals))
+		}
+		for i, n := range names {
+			v, err := strconv.ParseInt(vals[i], 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %s = %q: %v", script, n, vals[i], err)
+			}
+			lua[n] = v
+		}
+	}
+	return lua
 }

@@ -10,6 +10,9 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
+// grant.lua's ops, named there too (TestScriptContract).
+const grantTake, grantGiveBack = 1, 2
+
 // GrantOp and GrantResult are limit's: memstore grants too.
 type (
 	GrantOp     = limit.GrantOp
@@ -48,9 +51,9 @@ func (s *Store) GrantWithin(ctx context.Context, ops []GrantOp) ([]GrantResult, 
 	for i, op := range ops {
 		c := op.Check
 		keys[i] = c.Key
-		kind := 1
+		kind := grantTake
 		if op.GiveBack {
-			kind = 2
+			kind = grantGiveBack
 		}
 		args = append(args, kind, c.SaturatedHits(), c.Limit, c.WindowUS, uint8(c.Algorithm), c.Burst, op.WindowEndUS)
 	}

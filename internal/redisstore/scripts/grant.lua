@@ -20,6 +20,10 @@
 -- now, GRACE, floor, format, idiv and px: scripts/prelude.lua, sent in
 -- front of this script.
 local match = string.match
+-- The ops (redisstore's grantTake, grantGiveBack) and the algorithms
+-- (limit.Algorithm); TestScriptContract holds them to Go's.
+local TAKE, GIVE_BACK = 1, 2
+local SLIDING_WINDOW, TOKEN_BUCKET = 1, 2
 
 local out = {}
 for i = 1, #KEYS do
@@ -28,7 +32,7 @@ for i = 1, #KEYS do
   local a, burst, gend = tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
   local raw = redis.call('MGET', KEYS[i])[1]
   local done, remaining, reset, val, ex, wend = 0, 0, 0, nil, nil, 0
-  if a == 2 then
+  if a == TOKEN_BUCKET then
     if l > 0 then
       local t = idiv(w + l - 1, l)
       if burst == 0 then burst = l end
@@ -38,7 +42,7 @@ for i = 1, #KEYS do
         local v = tonumber(raw)
         if v > now then tat = v end
       end
-      if op == 1 then
+      if op == TAKE then
         local room = cap - (tat - now)
         if room > 0 then done = math.min(n, idiv(room, t)) end
         tat = tat + done * t
@@ -61,7 +65,7 @@ for i = 1, #KEYS do
     local c, p, suffix = 0, 0, ''
 
     if raw then
-      if a == 1 then
+      if a == SLIDING_WINDOW then
         local sc, sp = match(raw, '^' .. pre .. '(%d+):(%d+)$')
         if sc then
           c, p = tonumber(sc), tonumber(sp)
@@ -80,17 +84,17 @@ for i = 1, #KEYS do
       end
     end
     local est = c
-    if a == 1 then est = c + idiv(p * idiv(we - now, w / 1000000), 1000000) end
-    if op == 1 then
+    if a == SLIDING_WINDOW then est = c + idiv(p * idiv(we - now, w / 1000000), 1000000) end
+    if op == TAKE then
       if est < l then done = math.min(n, l - est) end
       c, est = c + done, est + done
-    elseif gend == we then
+    elseif op == GIVE_BACK and gend == we then
       done = math.min(n, c)
       c, est = c - done, est - done
     end
     if est < l then remaining = l - est end
     reset, wend = we - now, we
-    if a == 1 then
+    if a == SLIDING_WINDOW then
       if c > 0 or p > 0 then val, ex = pre .. c .. ':' .. p, px(we + w + GRACE) end
     elseif suffix ~= '' then
       -- The key's TTL covers the budget's state; it must cover the count too.
