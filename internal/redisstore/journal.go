@@ -28,7 +28,9 @@ import (
 // same connection: once a replica has acknowledged the barrier it has
 // every write the master made before it, so every charge recorded
 // before the round began is confirmed and forgotten. The same round
-// reads the master's run_id: when it differs from the last round's (a
+// reads the master's replication ID (master_replid, which a promoted
+// replica and a restarted master take anew): when it differs from the
+// last round's (a
 // Sentinel failover, a restart), the charges still in the journal are
 // re-applied to the master there is now, each alone, as usage charges
 // (recorded whatever the answer), unless their window has ended.
@@ -91,7 +93,7 @@ type journal struct {
 	entries, redo []journalEntry
 	bytes         int
 	seq           uint64
-	master        string // run_id of the master the last round reached
+	master        string // master_replid of the master the last round reached
 	replica       bool   // the last round found a replica (for the log)
 	wake          chan struct{}
 	full          lograte.Limiter
@@ -200,14 +202,14 @@ func (j *journal) round(ctx context.Context) {
 		Conn() *redis.Conn
 	}).Conn()
 	defer conn.Close()
-	runID, replicas, err := masterInfo(ctx, conn)
+	id, replicas, err := masterInfo(ctx, conn)
 	if err != nil {
 		// Redis is down or failing over: the charges stay.
 		return
 	}
 	j.mu.Lock()
-	changed := j.master != "" && runID != j.master
-	j.master = runID
+	changed := j.master != "" && id != j.master
+	j.master = id
 	if changed {
 		k := 0
 		for k < len(j.entries) && j.entries[k].seq <= upTo {
@@ -219,7 +221,7 @@ func (j *journal) round(ctx context.Context) {
 	redo := len(j.redo)
 	j.mu.Unlock()
 	if changed {
-		j.s.log.Warn("redis master changed: re-applying the usage charges no replica had acknowledged", "run_id", runID, "charges", redo)
+		j.s.log.Warn("redis master changed: re-applying the usage charges no replica had acknowledged", "replid", id, "charges", redo)
 	}
 	if redo > 0 {
 		// Applied again, each is noted anew (a seq past upTo): a later
@@ -243,10 +245,10 @@ func (j *journal) round(ctx context.Context) {
 	}
 }
 
-// masterInfo reads the run_id and the connected replicas of the master
-// conn reaches.
-func masterInfo(ctx context.Context, conn *redis.Conn) (runID string, replicas int, err error) {
-	text, err := conn.Info(ctx, "server", "replication").Result()
+// masterInfo reads the replication ID and the connected replicas of the
+// master conn reaches (one INFO section: Redis 6 takes no more).
+func masterInfo(ctx context.Context, conn *redis.Conn) (id string, replicas int, err error) {
+	text, err := conn.Info(ctx, "replication").Result()
 	if err != nil {
 		return "", 0, fmt.Errorf("charge journal round: %w", err)
 	}
@@ -254,7 +256,7 @@ func masterInfo(ctx context.Context, conn *redis.Conn) (runID string, replicas i
 		return "", 0, fmt.Errorf("charge journal round: reached a %s", role)
 	}
 	_, _ = fmt.Sscan(infoField(text, "connected_slaves"), &replicas)
-	return infoField(text, "run_id"), replicas, nil
+	return infoField(text, "master_replid"), replicas, nil
 }
 
 // barrier writes a barrier on conn and waits for need replicas to
