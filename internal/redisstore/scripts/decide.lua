@@ -146,11 +146,11 @@ local lim, win, alg, e, ws, pre, pat, ppat, ppm, ival, cap, ttl, fsec = {}, {}, 
 for q = 1, Q do
   local b = 4 + C + (q - 1) * 4
   local l, w, a, burst = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  local fs = floor(a / FLIGHT_UNIT)
-  a = a - fs * FLIGHT_UNIT
+  local flight = floor(a / FLIGHT_UNIT)
+  a = a - flight * FLIGHT_UNIT
   local cal = floor(a / CALENDAR_UNIT)
   a = a - cal * CALENDAR_UNIT
-  lim[q], win[q], alg[q], fsec[q] = l, w, a, fs
+  lim[q], win[q], alg[q], fsec[q] = l, w, a, flight
   if a == TOKEN_BUCKET then
     if l > 0 then
       ival[q] = idiv(w + l - 1, l)
@@ -184,11 +184,12 @@ local vals, written = nil, {}
 if #KEYS <= 1000 then vals = redis.call('MGET', unpack(KEYS)) end
 
 local out = {}
--- Scratch per key of the current request, reused across requests.
--- bss[i] is false, or a fixed window's budget state {avg, charges,
--- duration, flights}: the common path carries one value for it; rls[i]
--- its usage role (role).
-local qs, hs, fs, raws, cs, ps, overs, bss, rls = {}, {}, {}, {}, {}, {}, {}, {}, {}
+-- Scratch per key i of the current request, reused across requests: its
+-- rule, hits, flags, stored value, count, previous window's count,
+-- whether it is over, its budget state (false, or a fixed window's
+-- {avg, charges, duration, flights}: the common path carries one value
+-- for it) and its usage role (role).
+local key_rule, key_hits, key_flags, key_raw, key_count, key_prev, key_over, key_budget, key_role = {}, {}, {}, {}, {}, {}, {}, {}, {}
 
 -- The time in ms, for a budget's flights.
 local nowms = idiv(now, 1000)
@@ -409,12 +410,12 @@ local function decide(k0, n)
         end
       end
     end
-    qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i], bss[i], rls[i] = q, h, f + kind * KIND_UNIT, raw, c, p, o, bs, rl
+    key_rule[i], key_hits[i], key_flags[i], key_raw[i], key_count[i], key_prev[i], key_over[i], key_budget[i], key_role[i] = q, h, f + kind * KIND_UNIT, raw, c, p, o, bs, rl
     if o and veto then admitted = false end
   end
 
   for i = 1, n do
-    local k, q, h, f, raw, c, p, o, rl = k0 + i, qs[i], hs[i], fs[i], raws[i], cs[i], ps[i], overs[i], rls[i]
+    local k, q, h, f, raw, c, p, o, rl = k0 + i, key_rule[i], key_hits[i], key_flags[i], key_raw[i], key_count[i], key_prev[i], key_over[i], key_role[i]
     local kind = floor(f / KIND_UNIT)
     f = f - kind * KIND_UNIT
     local refund, usage = f % 2 == FLAG_REFUND, f % 8 >= FLAG_USAGE
@@ -464,8 +465,8 @@ local function decide(k0, n)
         if c > 0 or p > 0 then val = pre[q] .. num(c) .. ':' .. num(p) end
       else
         if c < l then remaining = l - c end
-        local bs = bss[i]
-        if o and rl == 1 and cs[i] < l and cs[i] + h <= l then
+        local bs = key_budget[i]
+        if o and rl == 1 and key_count[i] < l and key_count[i] + h <= l then
           -- Refused for its flights, not a spent budget (limit.heldByFlights).
           reset = retry(q, bs)
         end
