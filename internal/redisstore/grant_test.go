@@ -136,3 +136,31 @@ func hitsOf(c limit.Check, n uint64) limit.Check {
 	c.Hits = n
 	return c
 }
+
+// TestGrantTreatsForeignValueAsAbsent: a fixed window's key holding the
+// current window's end and a count followed by anything but a budget's
+// state ("<end>:5xyz": not a value this service writes) counts as absent
+// for a grant, as for a decision, and is rewritten clean.
+func TestGrantTreatsForeignValueAsAbsent(t *testing.T) {
+	srv := redistest.Start(t)
+	const T = int64(1_800_000_000_000_000) // a window start of every length below
+	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: time.Second, ScriptTime: func() time.Time { return time.UnixMicro(T + 5e5) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	c := limit.Check{Key: "foreign", Limit: 10, WindowUS: 1e6}
+	end := T + 1e6
+	rdb := srv.Client()
+	for _, v := range []string{fmt.Sprintf("%d:5xyz", end), fmt.Sprintf("%d:5:3", end)} {
+		rdb.Set(ctx, c.Key, v, time.Minute)
+		took, err := s.Grant(ctx, []limit.GrantOp{{Check: hitsOf(c, 3)}})
+		if err != nil || took[0].Hits != 3 || took[0].Remaining != 7 {
+			t.Errorf("a take of 3 on %q: %+v, %v; want 3 taken, 7 remaining (the value counts as absent)", v, took, err)
+		}
+		if got := rdb.Get(ctx, c.Key).Val(); got != fmt.Sprintf("%d:3", end) {
+			t.Errorf("after the take on %q the key holds %q, want %q", v, got, fmt.Sprintf("%d:3", end))
+		}
+	}
+}

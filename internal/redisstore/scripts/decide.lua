@@ -51,7 +51,7 @@
 -- per rule per call, and per key does one pattern match, the arithmetic,
 -- and at most one SET or DEL.
 
--- now, GRACE, floor, format, idiv and px: scripts/prelude.lua, sent in
+-- now, GRACE, floor, format, idiv, px and fixedvalue: scripts/prelude.lua, sent in
 -- front of this script.
 -- The packed per-key argument (see the header and redisstore's
 -- script.go): HITS_UNIT is 2^20, the place of the hits; below it the rule
@@ -213,13 +213,14 @@ end
 -- stream duration, and the flights still unexpired (a flat list of
 -- first, last, n), or zeros for a value that does not parse.
 local function parsebudget(raw, q)
-  local we, sc, sav, sk, sd, rest = match(raw, '^(%d+):(%d+)|(%d+)/(%d+)/?(%d*)(.*)$')
-  if not we then return 0, 0, 0, 0, nil end
+  local we, sc, state = fixedvalue(raw)
+  local sav, sk, sd, rest
+  if we then sav, sk, sd, rest = match(state, '^|(%d+)/(%d+)/?(%d*)(.*)$') end
+  if not sav then return 0, 0, 0, 0, nil end
   local c, av, k, dur = 0, tonumber(sav), tonumber(sk), tonumber(sd) or 0
   -- The usage per check and the duration serve the window after their
   -- own, no later.
-  we = tonumber(we)
-  if we == e[q] then c = tonumber(sc) elseif we ~= ws[q] then av, k, dur = 0, 0, 0 end
+  if we == e[q] then c = sc elseif we ~= ws[q] then av, k, dur = 0, 0, 0 end
   local d, fl = horizon(q, dur), nil
   for f1, f2, n in gmatch(rest, ';(%d+):(%d+):(%d+)') do
     f2 = tonumber(f2)

@@ -17,7 +17,7 @@
 -- the window ends (for a bucket: until one more hit is allowed), and the
 -- window's end in us on this clock (0 for a bucket), which a give-back
 -- of those hits names.
--- now, GRACE, floor, format, idiv and px: scripts/prelude.lua, sent in
+-- now, GRACE, floor, format, idiv, px and fixedvalue: scripts/prelude.lua, sent in
 -- front of this script.
 local match = string.match
 -- The ops (redisstore's grantTake, grantGiveBack) and the algorithms
@@ -73,13 +73,13 @@ for i = 1, #KEYS do
           p = tonumber(match(raw, format('^%d:(%%d+):%%d+$', we - w)) or 0)
         end
       else
-        -- A budget's state (decide.lua's "|<usage per check>|<flights>")
-        -- follows the count and is kept, from another window too.
-        local sc, rest = match(raw, '^' .. pre .. '(%d+)(.*)$')
-        if sc and (rest == '' or string.sub(rest, 1, 1) == '|') then
-          c, suffix = tonumber(sc), rest
-        else
-          suffix = match(raw, '^%d+:%d+(|.*)$') or ''
+        -- A budget's state follows the count and is kept, from another
+        -- window too (prelude.lua's fixedvalue).
+        local vwe, vc, state = fixedvalue(raw)
+        if vwe == we then
+          c, suffix = vc, state
+        elseif vwe then
+          suffix = state
         end
       end
     end

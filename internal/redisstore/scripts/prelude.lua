@@ -22,3 +22,13 @@ local function idiv(a, b)
 end
 -- PX argument for an absolute expiry in us.
 local function px(expire) return format('%d', math.ceil((expire - now) / 1000)) end
+-- fixedvalue splits a fixed window's value, "<window_end_us>:<count>"
+-- and, on a budget, its state "|<usage per check>/<charges>/..."
+-- (decide.lua reads and writes it; grant.lua keeps it): the window end,
+-- the count and the state's text ('' for none); nil for a value that
+-- does not parse.
+local function fixedvalue(raw)
+  local we, c, state = string.match(raw, '^(%d+):(%d+)(.*)$')
+  if not we or (state ~= '' and string.sub(state, 1, 1) ~= '|') then return nil end
+  return tonumber(we), tonumber(c), state
+end

@@ -18,7 +18,7 @@
 -- slot, so redisstore refuses this there.
 -- Returns per key: 0 left alone, 1 carried, 2 no incumbent count, 3 an
 -- incumbent key that is not a count (ignored).
--- now, GRACE, idiv and px: scripts/prelude.lua, sent in front.
+-- now, GRACE, idiv, px and fixedvalue: scripts/prelude.lua, sent in front.
 local n = #KEYS
 local out = {}
 for i = 1, n do
@@ -26,8 +26,11 @@ for i = 1, n do
   local e = idiv(now, w) * w + w
   local raw = redis.call('GET', KEYS[i])
   local we, rest
-  if type(raw) == 'string' then we, rest = string.match(raw, '^(%d+):%d+(.*)$') end
-  if we and tonumber(we) == e then
+  if type(raw) == 'string' then
+    local _
+    we, _, rest = fixedvalue(raw)
+  end
+  if we == e then
     out[i] = 0
   else
     -- pcall: a key of another type (WRONGTYPE) is not a count, and
@@ -42,7 +45,7 @@ for i = 1, n do
     else
       local xe = e + GRACE
       -- A budget's state serves the window after its own only.
-      if rest and rest ~= '' and string.sub(rest, 1, 1) == '|' and tonumber(we) == e - w then
+      if rest and rest ~= '' and we == e - w then
         xe = e + w + GRACE
       else
         rest = ''
