@@ -5,13 +5,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/options"
-
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/options"
 )
 
 // Store (docs/ARCHITECTURE.md, "Leased budgets") decides the checks
@@ -72,6 +71,7 @@ type Store struct {
 	leases    *leases
 	leaseStop chan struct{}
 	leaseWG   sync.WaitGroup
+	closeOnce sync.Once
 }
 
 // New wraps b with leases and starts their refiller, until Close.
@@ -109,14 +109,11 @@ func (s *Store) Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantRe
 // Close stops the refiller and gives back everything held, once; what
 // cannot go back is lost (counted). It does not close the Backend.
 func (s *Store) Close() error {
-	select {
-	case <-s.leaseStop:
-		return nil
-	default:
-	}
-	close(s.leaseStop)
-	s.leaseWG.Wait()
-	s.leases.pass(true)
+	s.closeOnce.Do(func() {
+		close(s.leaseStop)
+		s.leaseWG.Wait()
+		s.leases.pass(true)
+	})
 	return nil
 }
 

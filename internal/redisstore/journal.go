@@ -27,13 +27,13 @@ import (
 // which Redis replicates and which touches no key) and asks WAIT on the
 // same connection: once a replica has acknowledged the barrier it has
 // every write the master made before it, so every charge recorded
-// before the round began is confirmed and forgotten. The same round
+// before the round began is confirmed and forgotten. The round first
 // reads the master's replication ID (master_replid, which a promoted
 // replica and a restarted master take anew): when it differs from the
-// last round's (a
-// Sentinel failover, a restart), the charges still in the journal are
-// re-applied to the master there is now, each alone, as usage charges
-// (recorded whatever the answer), unless their window has ended.
+// last round's (a Sentinel failover, a restart), the charges noted
+// before the round began are re-applied to the master there is now,
+// each alone, as usage charges (recorded whatever the answer), unless
+// their window has ended.
 //
 // What it errs on: a charge recorded on the new master before the first
 // round that sees the change is re-applied too, and so counted twice:
@@ -59,6 +59,8 @@ const (
 	// barrierChannel is the channel of the round's barrier; nobody
 	// listens to it.
 	barrierChannel = "ratelimitd:charge-journal"
+	// journalReplicas is how many replicas must acknowledge a barrier.
+	journalReplicas = 1
 )
 
 // Journal outcomes, the values of
@@ -85,7 +87,6 @@ type journalEntry struct {
 type journal struct {
 	s     *Store
 	limit int // bytes
-	need  int // replicas that must acknowledge
 
 	mu sync.Mutex
 	// entries are charges Redis recorded, oldest first; redo those to
@@ -103,7 +104,7 @@ func newJournal(s *Store, limit int) *journal {
 	if limit <= 0 {
 		limit = DefaultJournalBytes
 	}
-	return &journal{s: s, limit: limit, need: 1, replica: true, wake: make(chan struct{}, 1)}
+	return &journal{s: s, limit: limit, replica: true, wake: make(chan struct{}, 1)}
 }
 
 // note keeps the usage charges among checks, which Redis recorded with
@@ -239,7 +240,7 @@ func (j *journal) round(ctx context.Context) {
 		// and re-apply them after a restart that kept them (persistence).
 		j.confirm(upTo, JournalNoReplica)
 	default:
-		if acked, err := barrier(ctx, conn, j.need); err == nil && acked >= j.need {
+		if acked, err := barrier(ctx, conn); err == nil && acked >= journalReplicas {
 			j.confirm(upTo, JournalConfirmed)
 		}
 	}
@@ -259,14 +260,14 @@ func masterInfo(ctx context.Context, conn *redis.Conn) (id string, replicas int,
 	return infoField(text, "master_replid"), replicas, nil
 }
 
-// barrier writes a barrier on conn and waits for need replicas to
-// acknowledge it: once one has, it has every write the master made
-// before.
-func barrier(ctx context.Context, conn *redis.Conn, need int) (acked int, err error) {
+// barrier writes a barrier on conn and waits for journalReplicas
+// replicas to acknowledge it: once one has, it has every write the
+// master made before.
+func barrier(ctx context.Context, conn *redis.Conn) (acked int, err error) {
 	var ack *redis.Cmd
 	_, err = conn.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Publish(ctx, barrierChannel, "")
-		ack = p.Do(ctx, "WAIT", need, journalWait.Milliseconds())
+		ack = p.Do(ctx, "WAIT", journalReplicas, journalWait.Milliseconds())
 		return nil
 	})
 	if err != nil {
@@ -295,7 +296,7 @@ func (j *journal) confirm(seq uint64, outcome string) {
 		k++
 	}
 	j.entries = j.entries[k:]
-	n := len(j.entries)
+	n := len(j.entries) + len(j.redo)
 	j.mu.Unlock()
 	j.s.m.ChargeJournal(outcome, k)
 	j.s.m.SetChargeJournal(n)
@@ -323,23 +324,24 @@ func (j *journal) reapply(ctx context.Context) {
 	j.mu.Unlock()
 	counts := map[string]int{}
 	var keep []journalEntry
+	freed := 0
 	for _, e := range redo {
-		if !time.Now().Before(e.end) {
+		switch {
+		case !time.Now().Before(e.end):
 			counts[JournalExpired]++
-			j.sub(e.size)
-			continue
-		}
-		if _, err := j.s.evaluateExact(ctx, []limit.Check{e.check}); err != nil {
+		case j.reapplied(ctx, e):
+			// evaluateExact noted it again, as the new master's.
+			counts[JournalReapplied]++
+		default:
 			counts[JournalFailed]++
 			keep = append(keep, e)
 			continue
 		}
-		// evaluateExact noted it again, as the new master's.
-		counts[JournalReapplied]++
-		j.sub(e.size)
+		freed += e.size
 	}
 	j.mu.Lock()
 	j.redo = append(keep, j.redo...)
+	j.bytes -= freed
 	j.mu.Unlock()
 	for outcome, n := range counts {
 		j.s.m.ChargeJournal(outcome, n)
@@ -347,10 +349,10 @@ func (j *journal) reapply(ctx context.Context) {
 	j.s.m.SetChargeJournal(j.len())
 }
 
-func (j *journal) sub(size int) {
-	j.mu.Lock()
-	j.bytes -= size
-	j.mu.Unlock()
+// reapplied reports whether e's charge was applied again.
+func (j *journal) reapplied(ctx context.Context, e journalEntry) bool {
+	_, err := j.s.evaluateExact(ctx, []limit.Check{e.check})
+	return err == nil
 }
 
 // close runs a last round, so that what a replica has by now is not

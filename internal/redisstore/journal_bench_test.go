@@ -105,7 +105,7 @@ func chargeFailover(b *testing.B, streams int, on bool) failoverRun {
 	time.Sleep(time.Second)
 	mi, _ := st.Master.Client().Info(ctx, "replication").Result()
 	ri, _ := st.Replica.Client().Info(ctx, "replication").Result()
-	b.Logf("at the kill: master offset %s, replica offset %s, clients charged %d", infoValue(mi, "master_repl_offset"), infoValue(ri, "slave_repl_offset"), charged.Load())
+	b.Logf("at the kill: master offset %s, replica offset %s, clients charged %d", redisstore.InfoField(mi, "master_repl_offset"), redisstore.InfoField(ri, "slave_repl_offset"), charged.Load())
 	old := st.Master.Addr()
 	st.Master.Kill()
 	link.Cut()

@@ -79,7 +79,7 @@ func TestChargeJournalFailover(t *testing.T) {
 				waitFor(t, 20*time.Second, "the replica in sync", func() bool {
 					mi, _ := st.Master.Client().Info(ctx, "replication").Result()
 					ri, _ := st.Replica.Client().Info(ctx, "replication").Result()
-					return infoValue(mi, "master_repl_offset") != "" && infoValue(mi, "master_repl_offset") == infoValue(ri, "slave_repl_offset")
+					return redisstore.InfoField(mi, "master_repl_offset") != "" && redisstore.InfoField(mi, "master_repl_offset") == redisstore.InfoField(ri, "slave_repl_offset")
 				})
 			}
 			link.Hold()
@@ -133,15 +133,6 @@ func TestChargeJournalFailover(t *testing.T) {
 	}
 }
 
-func infoValue(info, field string) string {
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return ""
-}
-
 // TestChargeJournalBound: charges a held replica never acknowledges stay
 // in the journal up to its bound; past it the oldest are dropped,
 // counted in the metric and a log line; the store's Close counts what
@@ -153,7 +144,7 @@ func TestChargeJournalBound(t *testing.T) {
 	ctx := context.Background()
 	waitFor(t, 20*time.Second, "the replica connected", func() bool {
 		info, _ := master.Client().Info(ctx, "replication").Result()
-		return infoValue(info, "connected_slaves") == "1"
+		return redisstore.InfoField(info, "connected_slaves") == "1"
 	})
 	link.Hold()
 	m := metrics.New("test")
