@@ -623,6 +623,16 @@ func TestHeldTokensNotRevoked(t *testing.T) {
 	if got := actions(resp); got != "" {
 		t.Fatalf("a running short with 17 tokens held: %q, want no action (its tokens run out on their TTL)", got)
 	}
+	// a is woken when its 17 tokens are spent at its demand (30 a
+	// second), to renew the grant: nothing to grant, tokens held, so no
+	// action still, and the next wake is the window's end.
+	if w := a.NextWake(); !w.After(now) || w.After(now.Add(time.Second)) {
+		t.Fatalf("a's next wake %v, want when its tokens are spent, within a second of %v", w, now)
+	}
+	now = a.NextWake().Truncate(time.Millisecond).Add(time.Millisecond) // the store's clock too, in its µs
+	if resp := a.Wake(context.Background(), now); resp != nil {
+		t.Fatalf("a woken with its tokens spent and nothing left: %q, want no action", actions(resp))
+	}
 	if want := t0.Add(time.Minute); !a.NextWake().Equal(want) {
 		t.Errorf("a's next wake %v, want the window's end %v", a.NextWake(), want)
 	}

@@ -73,6 +73,7 @@ type bucket struct {
 	sentAt        time.Time // of the grant
 	expires       time.Time
 	wake          time.Time // push a grant for the next window then
+	dry           time.Time // replace the grant then: keep expects it spent
 	// foreign: the Envoy may hold a token bucket another stream (another
 	// instance, before a failover or restart) assigned, so the first
 	// token bucket sent is preceded by a DENY_ALL, as a replacement is:
@@ -306,19 +307,24 @@ func (ss *Session) replan(b *bucket, rules *config.Snapshot, keys []string) erro
 		contributeLocked(c, b)
 	}
 	s.mu.Unlock()
-	b.plan, b.granted, b.used, b.wake = p, 0, 0, time.Time{}
+	b.plan, b.granted, b.used, b.wake, b.dry = p, 0, 0, time.Time{}, time.Time{}
 	return nil
 }
 
-// Wake pushes grants for the buckets whose window ended (those still in
-// demand) and returns them (nil: none).
+// Wake pushes grants for the buckets whose window ended, or whose grant
+// keep expected spent by now (those still in demand), and returns them
+// (nil: none).
 func (ss *Session) Wake(ctx context.Context, now time.Time) *rlqsv3.RateLimitQuotaResponse {
 	var need []*bucket
 	for _, b := range ss.buckets {
-		if b.wake.IsZero() || b.wake.After(now) {
+		window := !b.wake.IsZero() && !b.wake.After(now)
+		if !window && (b.dry.IsZero() || b.dry.After(now)) {
 			continue
 		}
-		b.wake = time.Time{}
+		if window {
+			b.wake = time.Time{}
+		}
+		b.dry = time.Time{} // keep sets it again while it defers
 		if b.plan.Kind == service.BucketCounted && now.Sub(b.lastActive) < ss.srv.opts.IdleAfter && !ss.keep(b, now) {
 			need = append(need, b)
 		}
@@ -335,8 +341,10 @@ func (ss *Session) Wake(ctx context.Context, now time.Time) *rlqsv3.RateLimitQuo
 func (ss *Session) NextWake() time.Time {
 	var next time.Time
 	for _, b := range ss.buckets {
-		if !b.wake.IsZero() && (next.IsZero() || b.wake.Before(next)) {
-			next = b.wake
+		for _, w := range [2]time.Time{b.wake, b.dry} {
+			if !w.IsZero() && (next.IsZero() || w.Before(next)) {
+				next = w
+			}
 		}
 	}
 	return next

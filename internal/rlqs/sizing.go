@@ -19,13 +19,15 @@ import (
 //
 //   - a grant that lasts to the Envoy's next report stays (give or take
 //     rounding: a token, or 40 % of a period's demand when that is less);
-//   - one that does not stays only while the bucket's share of what the
-//     counter has left, with what it holds, is under 90 % of its demand
-//     until the window ends, and it holds a second of demand at least:
-//     the counter will run out this window, so every token counts and
-//     what this bucket does not take the others do;
+//   - one that does not stays while the counter will run out this window
+//     (see [Session.runsOut]) and the grant is not yet spent at the
+//     bucket's demand since its last report: every token counts, a dry
+//     bucket's share waits in the counter for the others, and the grant
+//     is replaced when it is expected spent (b.dry wakes the session
+//     then), so that what the Envoy drops with it is about nothing;
 //   - otherwise it is replaced now, before it runs dry.
 func (ss *Session) keep(b *bucket, now time.Time) bool {
+	b.dry = time.Time{}
 	if b.sent != sentTokens || b.granted == 0 || !now.Before(b.expires) || b.used >= b.granted {
 		return false
 	}
@@ -37,8 +39,42 @@ func (ss *Session) keep(b *bucket, now time.Time) bool {
 	if left+min(1, 0.4*need) >= need {
 		return true
 	}
+	if b.rate == 0 || !ss.runsOut(b, now, left) {
+		return false
+	}
+	spent := b.lastReport.Add(time.Duration(left / b.rate * float64(time.Second)))
+	if !spent.After(now) {
+		return false
+	}
+	b.dry = spent
+	return true
+}
+
+// runsOut reports whether the bucket's counter will run out before its
+// window ends, by either of two measures: what this instance sees (the
+// bucket's share of what is left, with what it holds, is under 90 % of
+// its demand to the window's end), or what the counter's own count says
+// across every instance and RLS caller on it: its use so far, at the
+// rate it came (grants run two report periods ahead of the demand they
+// serve), reaches 90 % of the limit by the window's end. The second sees
+// the demand of the Envoys on other instances, which the first does not:
+// with three instances each saw one Envoy of three, judged the counter
+// far from spent, and replaced grants still holding tokens.
+func (ss *Session) runsOut(b *bucket, now time.Time, left float64) bool {
 	d := ss.demand(b, now)
-	return d.avail+left < 0.9*b.rate*d.windowLeft.Seconds() && left >= b.rate
+	if d.avail+left < 0.9*b.rate*d.windowLeft.Seconds() {
+		return true
+	}
+	c := &b.plan.Check
+	if d.windowLeft <= 0 || c.Algorithm != limit.FixedWindow {
+		return false
+	}
+	start, _ := c.Window(now.Add(d.windowLeft).UnixMicro() - 1)
+	elapsed := now.Sub(time.UnixMicro(start))
+	ahead := 2 * ReportPeriod
+	used := float64(c.Limit - min(c.Limit, d.remaining))
+	rate := used / max(elapsed+ahead, time.Second).Seconds()
+	return used+rate*max(0, (d.windowLeft-ahead).Seconds()) >= 0.9*float64(c.Limit)
 }
 
 // holds reports whether the Envoy may still hold tokens of the bucket's
@@ -60,6 +96,9 @@ type claim struct {
 	// windowLeft is how long the counter's window has to run (0: not
 	// known).
 	windowLeft time.Duration
+	// remaining is what the counter had left after its last grant, of
+	// every instance's (the limit while windowLeft is not known).
+	remaining uint64
 }
 
 // demand returns the bucket's claim at now.
@@ -100,7 +139,7 @@ func (ss *Session) demand(b *bucket, now time.Time) claim {
 		// asked for.
 		cl.want = max(float64(b.firstCount), float64(c.Limit)*2*ReportPeriod.Seconds()/(float64(c.WindowUS)/1e6)/subs)
 	}
-	cl.avail = float64(remaining) * share
+	cl.avail, cl.remaining = float64(remaining)*share, remaining
 	return cl
 }
 
