@@ -424,8 +424,9 @@ func TestShareFollowsStreams(t *testing.T) {
 
 // TestGrantFollowsDemand: grants are the measured demand until the report
 // after next (the first measurement taken as is, later ones averaged); a
-// grant lasting to the next report is kept, and so is one with a second
-// of demand left on a counter that runs out before its window ends.
+// grant lasting to the next report is kept, and so is one not yet spent
+// at its demand on a counter that runs out before its window ends (it is
+// renewed when it is expected spent: see TestHeldTokensNotRevoked).
 func TestGrantFollowsDemand(t *testing.T) {
 	now := t0.Add(time.Second)
 	srv, m := unitServer(t, `domain: d
@@ -464,7 +465,7 @@ descriptors:
 	// that rate the hour's 3.6M run out in 12 minutes, so every token
 	// counts: the grant is kept (replacing it would throw its 7500 away).
 	if resp := step(30_000, 0); resp != nil {
-		t.Fatalf("a grant holding a second of demand was replaced on a counter that runs out: %v", actions(resp))
+		t.Fatalf("a grant holding 1.5 s of demand was replaced on a counter that runs out: %v", actions(resp))
 	}
 	now = now.Add(5 * time.Second)
 	if got := granted(step(7_500, 20_000)); got != 51_875 { // spent: (4875/s + 5500/s) / 2
