@@ -858,13 +858,15 @@ func TestFleetBoundUnderDelays(t *testing.T) {
 }
 
 // TestFleetUseOverInstancesUnderDelays: Envoys spread over three
-// instances, 70 % of the demand on one, three times the limit, reports up
-// to a second late and answers up to --rlqs-margin late (fixed seeds, the
-// sim's clock: nothing here depends on the machine's speed). Every window
-// after the first uses at least 97 % of the limit, none more: each
-// instance sees one Envoy's demand of several, and a grant replaced while
-// it still held tokens lost them to the window (Envoy drops them with the
-// bucket), which left windows at 94 %.
+// instances, 70 % of the demand on one, three times the limit (every
+// other seed with a bucket of another counter beside, at half its
+// limit), reports up to a second late and answers up to --rlqs-margin
+// late (fixed seeds, the sim's clock: nothing here depends on the
+// machine's speed). Every window after the first uses at least 97 % of
+// the limit, none more: each instance sees one Envoy's demand of
+// several, and a grant replaced while it still held tokens lost them to
+// the window (Envoy drops them with the bucket), which left windows at
+// 94 %.
 func TestFleetUseOverInstancesUnderDelays(t *testing.T) {
 	const limit = 600
 	srv := redistest.Start(t)
@@ -872,8 +874,8 @@ func TestFleetUseOverInstancesUnderDelays(t *testing.T) {
 	for seed := range uint64(8) {
 		for _, n := range []int{3, 10} {
 			cfg := simConfig{envoys: n, shares: skewed(n), demand: 3, settings: rlqstest.Strict, limit: limit, servers: 3,
-				jitter: rand.New(rand.NewPCG(seed, 37)), redis: srv}
-			name := fmt.Sprintf("%d envoys skewed over 3 instances, 3x, seed %d", n, seed)
+				beside: float64(seed%2) / 2, jitter: rand.New(rand.NewPCG(seed, 37)), redis: srv}
+			name := fmt.Sprintf("%d envoys skewed over 3 instances, 3x, a bucket beside at %.1fx, seed %d", n, cfg.beside, seed)
 			s := newSim(t, cfg)
 			s.run(5 * time.Minute)
 			s.close()
