@@ -31,6 +31,8 @@ func BenchmarkBudgetTraffic(b *testing.B) {
 		{streams: 64, budget: 1_000_000},
 		{streams: 256, budget: 1_000_000},
 		{streams: 64, budget: 100_000},
+		{streams: 64, budget: 1_000_000, scale: 10},
+		{streams: 256, budget: 1_000_000, scale: 10},
 		{streams: 8, failRate: 0.1, budget: 1_000_000, exact: true},
 		{streams: 64, failRate: 0.1, budget: 1_000_000, exact: true},
 	} {
@@ -51,7 +53,8 @@ type trafficScenario struct {
 	failRate float64
 	zeroEnd  bool // a failed stream ends with a call of 0 hits alone, else none
 	budget   uint64
-	exact    bool // the store knows which check a charge ends
+	exact    bool  // the store knows which check a charge ends
+	scale    int64 // streams this many times longer, the run too (0: 1)
 }
 
 func (sc trafficScenario) String() string {
@@ -63,7 +66,11 @@ func (sc trafficScenario) String() string {
 	if sc.exact {
 		pair = "exact"
 	}
-	return fmt.Sprintf("streams=%d/fail=%.0f%%/end=%s/budget=%d/pair=%s", sc.streams, 100*sc.failRate, shape, sc.budget, pair)
+	name := fmt.Sprintf("streams=%d/fail=%.0f%%/end=%s/budget=%d/pair=%s", sc.streams, 100*sc.failRate, shape, sc.budget, pair)
+	if sc.scale > 1 {
+		name += fmt.Sprintf("/longer=%dx", sc.scale)
+	}
+	return name
 }
 
 // trafficEvent is a stream's next call: a check, or its end.
@@ -89,8 +96,9 @@ func (q *trafficQueue) Pop() any {
 	return x
 }
 
-// run plays the scenario for 8 s from a window's start and returns the
-// usage let through (x the budget) and the false refusals (% of checks).
+// run plays the scenario for 8 s (times its scale) from a window's start
+// and returns the usage let through (x the budget) and the false refusals
+// (% of checks).
 func (sc trafficScenario) run(seed uint64) (usage, falsePct float64) {
 	const (
 		lat    = 1_000     // µs each way
@@ -99,6 +107,7 @@ func (sc trafficScenario) run(seed uint64) (usage, falsePct float64) {
 		window = 3600_000_000
 	)
 	rng := rand.New(rand.NewPCG(seed, 7))
+	scale := max(sc.scale, 1)
 	base := int64(1_000_000 * window) // a window's start
 	c := Check{Key: "k", Limit: sc.budget, WindowUS: window, Usage: true, FlightS: 300}
 	st, found := State{}, false
@@ -118,11 +127,11 @@ func (sc trafficScenario) run(seed uint64) (usage, falsePct float64) {
 	for q.Len() > 0 {
 		e := heap.Pop(q).(trafficEvent)
 		if !e.end {
-			if e.at-base > length {
+			if e.at-base > length*scale {
 				continue
 			}
 			size := uint64(1000 + rng.IntN(3001))
-			dur := int64(20_000 + rng.IntN(180_001))
+			dur := int64(20_000+rng.IntN(180_001)) * scale
 			fail := rng.Float64() < sc.failRate
 			held := st.Flights
 			ok := decide(e.at+lat, 0)
