@@ -42,7 +42,10 @@ func (ss *Session) keep(b *bucket, now time.Time) bool {
 	if b.rate == 0 || !ss.runsOut(b, now, left) {
 		return false
 	}
-	spent := b.lastReport.Add(time.Duration(left / b.rate * float64(time.Second)))
+	// Past its expiry the grant is renewed anyway: no wake beyond it (a
+	// slow bucket's seconds to spend would overflow a Duration).
+	secs := min(left/b.rate, b.expires.Sub(b.lastReport).Seconds())
+	spent := b.lastReport.Add(time.Duration(secs * float64(time.Second)))
 	if !spent.After(now) {
 		return false
 	}
