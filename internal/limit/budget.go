@@ -33,7 +33,8 @@ const (
 	// duration whatever the flights: later ones learn it only where at
 	// most two checks are in flight, where the oldest flight is the
 	// charge's own or its neighbour's (with more, the oldest may be a
-	// check whose charge never came, and ages would only grow).
+	// check whose charge never came, and ages would only grow), or while
+	// a first wave is still running (see [firstWave]).
 	SampleCharges = 64
 	// ColdInFlight is how many checks may be in flight before the first
 	// charge tells the usage per check: until then each counts as a
@@ -154,7 +155,7 @@ func fly(c *Check, st *State, now int64) {
 func land(st *State, now int64, hits uint64) {
 	nowMS := now / 1000
 	if n := len(st.Flights); n > 0 {
-		if st.Charges < SampleCharges || st.InFlight() <= 2 {
+		if n := st.InFlight(); st.Charges < SampleCharges || n <= 2 || firstWave(st, n) {
 			age := max(nowMS-st.Flights[0].FirstMS, 1)
 			st.DurMS = max(age, st.DurMS-st.DurMS/32)
 		}
@@ -193,6 +194,19 @@ func land(st *State, now int64, hits uint64) {
 	} else {
 		st.Avg -= (st.Avg - h) / st.Charges
 	}
+}
+
+// firstWave reports whether a counter's first wave of streams is still
+// running at a charge, with n checks in flight: fewer charges have come
+// than checks are in flight, though not so few that the flights could be
+// a flood of checks never charged (at most four per charge), and the
+// counter has not yet seen AvgCharges charges. Its first charges are its
+// shortest streams, the only ones ended by then: a duration learned from
+// them alone expired the longer streams' checks while they ran (256
+// streams of 0.2-2 s let through 1.45 times the budget); the oldest
+// flight's age keeps teaching it until the charges catch up.
+func firstWave(st *State, n uint64) bool {
+	return st.Charges < AvgCharges && st.Charges < n && n <= 4*st.Charges
 }
 
 // HeldByFlights reports that a usage call's result r is a refusal for

@@ -334,6 +334,34 @@ func TestDurationLearned(t *testing.T) {
 	}
 }
 
+// TestDurationLearnedInAFirstWave: past its first SampleCharges charges a
+// counter keeps learning the duration from its oldest flight while a
+// first wave is still running (fewer charges than checks in flight; its
+// first charges were its shortest streams), not from a flood of checks
+// more than four times its charges.
+func TestDurationLearnedInAFirstWave(t *testing.T) {
+	for _, tc := range []struct {
+		checks int
+		want   int64
+	}{{200, 990}, {1000, 630}} {
+		b := newBudget(t, 1<<40)
+		b.c.FlightS = 60
+		b.stream(10, 1000) // the usage per check known: the wave is admitted at once
+		for range tc.checks {
+			b.mustAdmit("wave")
+		}
+		// The wave's streams end 10 ms apart: the last charge comes when
+		// the oldest flight is 990 ms old, the 64th at 630 ms.
+		for range 99 {
+			b.ms(10)
+			b.charge(1000)
+		}
+		if st := b.state(); st.DurMS != tc.want || st.Charges != 100 {
+			t.Errorf("%d checks in flight: duration %d ms after %d charges, want %d", tc.checks, st.DurMS, st.Charges, tc.want)
+		}
+	}
+}
+
 // TestFlightsKeepTheWindowTTL: checks in flight never keep a key past
 // its window (the usage per check keeps it through the next).
 func TestFlightsKeepTheWindowTTL(t *testing.T) {

@@ -23,7 +23,8 @@ func TestScriptContract(t *testing.T) {
 			"FIXED_WINDOW": int64(limit.FixedWindow), "SLIDING_WINDOW": int64(limit.SlidingWindow), "TOKEN_BUCKET": int64(limit.TokenBucket),
 			"BY_HITS": int64(limit.ByHits), "ZERO_CHARGE": int64(limit.ZeroCharge), "COST_CHECK": int64(limit.CostCheck), "QUIET": int64(limit.QuietCost),
 			"MIN_FLIGHT": limit.MinFlightMS, "COLD_FLIGHT": limit.ColdFlightMS, "SAMPLE_CHARGES": limit.SampleCharges, "COLD_IN_FLIGHT": limit.ColdInFlight,
-			"MAXC": limit.MaxCount, "MAXSC": limit.MaxSlidingCount,
+			"AVG_CHARGES": limit.AvgCharges,
+			"MAXC":        limit.MaxCount, "MAXSC": limit.MaxSlidingCount,
 		},
 		"grant.lua": {
 			"TAKE": grantTake, "GIVE_BACK": grantGiveBack,

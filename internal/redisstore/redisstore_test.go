@@ -511,6 +511,42 @@ func TestBudgetUsageFollowsCharges(t *testing.T) {
 	}
 }
 
+// TestBudgetFirstWaveMatchesMemstore: the duration a first wave keeps
+// teaching past the first charges (limit.firstWave) is the script's too:
+// the retry of a check held by the wave's flights, when the oldest
+// expires, is the same in both stores (1.98 s, twice the 990 ms learned;
+// 1.26 s had the script stopped learning at the 64th charge).
+func TestBudgetFirstWaveMatchesMemstore(t *testing.T) {
+	rs, ms, clock := twoStores(t)
+	clock.Store(clock.Load() / 1000 * 1000) // on a ms: the flights count in ms
+	c := limit.Check{Key: "wave", Limit: 1 << 40, WindowUS: 3600e6, Usage: true, FlightS: 60}
+	i := 0
+	call := func(budget, hits uint64) limit.Result {
+		ch := c
+		ch.Limit, ch.Hits = budget, hits
+		i++
+		return mustMatch(t, rs, ms, []limit.Check{ch}, i, clock)[0]
+	}
+	call(c.Limit, 0)
+	clock.Add(10_000)
+	call(c.Limit, 1000)
+	for range 200 {
+		if call(c.Limit, 0).Over {
+			t.Fatal("a check of the wave refused")
+		}
+	}
+	for range 99 {
+		clock.Add(10_000)
+		call(c.Limit, 1000)
+	}
+	// 100,000 charged, 101 in flight at about 1,000: a budget of 150,000
+	// is held by the flights.
+	r := call(150_000, 0)
+	if !r.Over || r.Remaining != 50_000 || r.ResetUS != (2*990+1)*1000-990_000 {
+		t.Fatalf("a check held by the wave's flights: %+v, want over, 50,000 left, retry in %d us", r, (2*990+1)*1000-990_000)
+	}
+}
+
 // TestExpiredCallsNotSent: a call whose caller has given up (its
 // deadline passed or its context canceled) while it waited in the queue
 // is never sent: its hits are not consumed after its caller was answered

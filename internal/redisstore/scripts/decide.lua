@@ -68,8 +68,10 @@ local FIXED_WINDOW, SLIDING_WINDOW, TOKEN_BUCKET = 0, 1, 2
 local BY_HITS, ZERO_CHARGE, COST_CHECK, QUIET = 0, 1, 2, 3
 local QUIET_FLAGS = FLAG_USAGE + QUIET * KIND_UNIT
 -- A budget's learned horizon, as limit's: MIN_FLIGHT and COLD_FLIGHT ms,
--- SAMPLE_CHARGES, COLD_IN_FLIGHT and the buckets of a horizon.
+-- SAMPLE_CHARGES, COLD_IN_FLIGHT and the buckets of a horizon; the
+-- charges the usage per check follows (limit.AvgCharges).
 local MIN_FLIGHT, COLD_FLIGHT, SAMPLE_CHARGES, COLD_IN_FLIGHT, BUCKETS = 250, 1000, 64, 4, 16
+local AVG_CHARGES = 256
 -- MAXC and MAXSC mirror limit.MaxCount and MaxSlidingCount (a charged
 -- count saturates there), MAXDEBT limit's maxDebtUS (how far charges push
 -- a bucket's arrival time).
@@ -283,7 +285,9 @@ local function budgetval(q, h, c, act, bs)
     end
   elseif act == 2 then
     if fl then
-      if ak < SAMPLE_CHARGES or inflight(fl) <= 2 then
+      -- limit.firstWave: a first wave still running keeps teaching it.
+      local n = inflight(fl)
+      if ak < SAMPLE_CHARGES or n <= 2 or (ak < AVG_CHARGES and ak < n and n <= 4 * ak) then
         local age = math.max(nowms - fl[1], 1)
         dur = math.max(age, dur - idiv(dur, 32))
       end
@@ -305,7 +309,7 @@ local function budgetval(q, h, c, act, bs)
         if #fl == 0 then fl = nil end
       end
     end
-    ak = math.min(ak + 1, 256)
+    ak = math.min(ak + 1, AVG_CHARGES)
     local hh = h * 1024
     if hh >= av then av = av + idiv(hh - av, ak) else av = av - idiv(av - hh, ak) end
   end
