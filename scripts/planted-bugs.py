@@ -318,6 +318,9 @@ muts = [
     ("295 the shared split of a fixed window's value takes a value whose count is followed by anything","internal/redisstore/scripts/prelude.lua","if not we or (state ~= '' and string.sub(state, 1, 1) ~= '|') then return nil end","if not we then return nil end","./internal/redisstore","TestGrantTreatsForeignValueAsAbsent"),
     ("296 RLQS judges a counter's end by its own Envoys' demand alone","internal/rlqs/sizing.go","return used+rate*max(0, (d.windowLeft-ahead).Seconds()) >= 0.9*float64(c.Limit)","return false && used+rate*max(0, (d.windowLeft-ahead).Seconds()) >= 0.9*float64(c.Limit)","./internal/rlqs","TestFleetUseOverInstancesUnderDelays"),
     ("297 RLQS never woken when a kept grant is expected spent","internal/rlqs/session.go","if !window && (b.dry.IsZero() || b.dry.After(now)) {","if !window {","./internal/rlqs","TestHeldTokensNotRevoked|TestFleetUseOverInstancesUnderDelays"),
+    ("298 a first wave's duration learned from its first 64 charges only","internal/limit/budget.go","return st.Charges < AvgCharges && st.Charges < n && n <= 4*st.Charges","return false && st.Charges < AvgCharges && st.Charges < n && n <= 4*st.Charges","./internal/limit","TestDurationLearnedInAFirstWave"),
+    ("299 the script stops a first wave's learning at its 64th charge","internal/redisstore/scripts/decide.lua","if ak < SAMPLE_CHARGES or n <= 2 or (ak < AVG_CHARGES and ak < n and n <= 4 * ak) then","if ak < SAMPLE_CHARGES or n <= 2 then","./internal/redisstore","TestBudgetFirstWaveMatchesMemstore"),
+    ("300 a flood of uncharged checks taken for a first wave","internal/limit/budget.go","return st.Charges < AvgCharges && st.Charges < n && n <= 4*st.Charges","return st.Charges < AvgCharges && st.Charges < n","./internal/limit","TestDurationLearnedInAFirstWave"),
 ]
 only = sys.argv[1:]
 missed = 0
