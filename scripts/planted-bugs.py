@@ -321,6 +321,8 @@ muts = [
     ("298 a first wave's duration learned from its first 64 charges only","internal/limit/budget.go","return st.Charges < AvgCharges && st.Charges < n && n <= 4*st.Charges","return false && st.Charges < AvgCharges && st.Charges < n && n <= 4*st.Charges","./internal/limit","TestDurationLearnedInAFirstWave"),
     ("299 the script stops a first wave's learning at its 64th charge","internal/redisstore/scripts/decide.lua","if ak < SAMPLE_CHARGES or n <= 2 or (ak < AVG_CHARGES and ak < n and n <= 4 * ak) then","if ak < SAMPLE_CHARGES or n <= 2 then","./internal/redisstore","TestBudgetFirstWaveMatchesMemstore"),
     ("300 a flood of uncharged checks taken for a first wave","internal/limit/budget.go","return st.Charges < AvgCharges && st.Charges < n && n <= 4*st.Charges","return st.Charges < AvgCharges && st.Charges < n","./internal/limit","TestDurationLearnedInAFirstWave"),
+    ("301 a flood of uncharged checks carries the duration with its age","internal/limit/budget.go","age = min(age, st.DurMS+8*st.DurMS/int64(n))","age = min(age, st.DurMS+st.DurMS/8)","./internal/limit","TestFloodOnAYoungCounter"),
+    ("302 the script lets a flood carry the duration with its age","internal/redisstore/scripts/decide.lua","if ak >= SAMPLE_CHARGES and n > 2 then age = math.min(age, dur + idiv(8 * dur, n)) end","if ak >= SAMPLE_CHARGES and n > 2 then age = math.min(age, dur + idiv(dur, 8)) end","./internal/redisstore","TestBudgetFirstWaveMatchesMemstore"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -157,6 +157,14 @@ func land(st *State, now int64, hits uint64) {
 	if n := len(st.Flights); n > 0 {
 		if n := st.InFlight(); st.Charges < SampleCharges || n <= 2 || firstWave(st, n) {
 			age := max(nowMS-st.Flights[0].FirstMS, 1)
+			if st.Charges >= SampleCharges && n > 2 {
+				// A first wave's sample raises it by 8/n at most: a wave
+				// of n brings about n charges a duration, each a little
+				// older than the last; a flood of n checks never charged,
+				// sampled only as often as other streams charge, would
+				// otherwise carry it with its age and never expire.
+				age = min(age, st.DurMS+8*st.DurMS/int64(n))
+			}
 			st.DurMS = max(age, st.DurMS-st.DurMS/32)
 		}
 		j := 0
@@ -204,7 +212,8 @@ func land(st *State, now int64, hits uint64) {
 // shortest streams, the only ones ended by then: a duration learned from
 // them alone expired the longer streams' checks while they ran (256
 // streams of 0.2-2 s let through 1.45 times the budget); the oldest
-// flight's age keeps teaching it until the charges catch up.
+// flight's age keeps teaching it until the charges catch up, by 8/n of it
+// at most a charge (land).
 func firstWave(st *State, n uint64) bool {
 	return st.Charges < AvgCharges && st.Charges < n && n <= 4*st.Charges
 }

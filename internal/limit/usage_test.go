@@ -362,6 +362,39 @@ func TestDurationLearnedInAFirstWave(t *testing.T) {
 	}
 }
 
+// TestFloodOnAYoungCounter: a flood of uncharged checks on a counter past
+// its first 64 charges, two to four times its charges, looks like a first
+// wave (nothing tells them apart), but each charge raises the duration by
+// 8/n of it at most: the flood cannot carry it with its age, and expires
+// within a few durations, not at --usage-timeout.
+func TestFloodOnAYoungCounter(t *testing.T) {
+	b := newBudget(t, 1<<40)
+	b.c.FlightS = 300
+	for range 100 {
+		b.stream(10, 1000)
+	}
+	b.state().DurMS = 10_000 // streams of 10 s, as learned
+	if st := b.state(); st.Charges != 100 {
+		t.Fatalf("%d charges, want 100", st.Charges)
+	}
+	for range 300 {
+		b.mustAdmit("flood")
+	}
+	// Four streams of 10 s go on: a charge and a check every 2.5 s.
+	for i := range 40 {
+		b.ms(2500)
+		b.charge(1000)
+		b.mustAdmit("stream")
+		if n := b.state().InFlight(); n < 100 {
+			if i > 12 {
+				t.Errorf("the flood expired %d s after it, want within 32.5 s (twice the 10 s duration and a half)", (i+1)*5/2)
+			}
+			return
+		}
+	}
+	t.Fatalf("the flood still in flight 100 s after it: duration %d ms", b.state().DurMS)
+}
+
 // TestFlightsKeepTheWindowTTL: checks in flight never keep a key past
 // its window (the usage per check keeps it through the next).
 func TestFlightsKeepTheWindowTTL(t *testing.T) {

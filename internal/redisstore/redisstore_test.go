@@ -545,6 +545,25 @@ func TestBudgetFirstWaveMatchesMemstore(t *testing.T) {
 	if !r.Over || r.Remaining != 50_000 || r.ResetUS != (2*990+1)*1000-990_000 {
 		t.Fatalf("a check held by the wave's flights: %+v, want over, 50,000 left, retry in %d us", r, (2*990+1)*1000-990_000)
 	}
+	// A flood of 300 uncharged checks on a counter of 100 charges of
+	// 200 ms streams, with one stream charging every 50 ms: the script
+	// caps what each charge teaches as Go does (by 8/n of the duration),
+	// and the flood expires in both alike.
+	c.Key = "flood"
+	for range 100 {
+		call(c.Limit, 0)
+		clock.Add(200_000)
+		call(c.Limit, 1000)
+	}
+	for range 300 {
+		call(c.Limit, 0)
+	}
+	for range 40 {
+		clock.Add(50_000)
+		call(c.Limit, 1000)
+		call(c.Limit, 0)
+		call(150_000, 0) // the flood's hold, and its retry, in both
+	}
 }
 
 // TestExpiredCallsNotSent: a call whose caller has given up (its
