@@ -154,7 +154,7 @@ func fly(c *Check, st *State, now int64) {
 // flight, else the bound weakens (flights end early), never locks.
 func land(st *State, now int64, hits uint64) {
 	nowMS := now / 1000
-	if n := len(st.Flights); n > 0 {
+	if len(st.Flights) > 0 {
 		if n := st.InFlight(); st.Charges < SampleCharges || n <= 2 || firstWave(st, n) {
 			age := max(nowMS-st.Flights[0].FirstMS, 1)
 			if st.Charges >= SampleCharges && n > 2 {

@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -54,12 +53,7 @@ type failoverRun struct{ charged, lost, double, p99ms float64 }
 
 func chargeFailover(b *testing.B, streams int, on bool) failoverRun {
 	st, link := redistest.StartSentinelLinked(b)
-	m := metrics.New("bench")
-	s, err := redisstore.New(redisstore.Options{URL: st.URL(), Timeout: time.Second, ProbeInterval: 100 * time.Millisecond,
-		ChargeJournal: on, Metrics: m})
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, m := failoverStore(b, st.URL(), on)
 	defer s.Close()
 	budget := limit.Check{Key: "spend", Limit: 1 << 50, WindowUS: 24 * 3600e6, Usage: true, FlightS: 300}
 	ctx := context.Background()

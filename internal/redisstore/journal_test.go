@@ -16,7 +16,22 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
 
-// journalBudget is a day's budget of 1,000,000: no window ends in a test.
+// failoverStore is a store on a Sentinel's url with the charge journal
+// on or off, probing the master every 100 ms, and its metrics; the
+// caller closes it.
+func failoverStore(tb testing.TB, url string, on bool) (*redisstore.Store, *metrics.Metrics) {
+	tb.Helper()
+	m := metrics.New("test")
+	s, err := redisstore.New(redisstore.Options{URL: url, Timeout: time.Second, ProbeInterval: 100 * time.Millisecond,
+		ChargeJournal: on, Metrics: m})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s, m
+}
+
+// journalCharge is a charge of hits on a day's budget of 1,000,000: no
+// window ends in a test.
 func journalCharge(key string, hits uint64) limit.Check {
 	return limit.Check{Key: key, Limit: 1_000_000, WindowUS: 24 * 3600e6, Hits: hits, Usage: true, FlightS: 300}
 }
@@ -61,12 +76,7 @@ func TestChargeJournalFailover(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		t.Run(fmt.Sprintf("journal=%v", on), func(t *testing.T) {
 			st, link := redistest.StartSentinelLinked(t)
-			m := metrics.New("test")
-			s, err := redisstore.New(redisstore.Options{URL: st.URL(), Timeout: time.Second, ProbeInterval: 100 * time.Millisecond,
-				ChargeJournal: on, Metrics: m})
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, m := failoverStore(t, st.URL(), on)
 			defer s.Close()
 			ctx := context.Background()
 			if _, err := s.Evaluate(ctx, []limit.Check{journalCharge("spend", 100)}); err != nil {
