@@ -323,6 +323,8 @@ muts = [
     ("300 a flood of uncharged checks taken for a first wave","internal/limit/budget.go","return st.Charges < AvgCharges && st.Charges < n && n <= 4*st.Charges","return st.Charges < AvgCharges && st.Charges < n","./internal/limit","TestDurationLearnedInAFirstWave"),
     ("301 a flood of uncharged checks carries the duration with its age","internal/limit/budget.go","age = min(age, st.DurMS+8*st.DurMS/int64(n))","age = min(age, st.DurMS+st.DurMS/8)","./internal/limit","TestFloodOnAYoungCounter"),
     ("302 the script lets a flood carry the duration with its age","internal/redisstore/scripts/decide.lua","if ak >= SAMPLE_CHARGES and n > 2 then age = math.min(age, dur + idiv(8 * dur, n)) end","if ak >= SAMPLE_CHARGES and n > 2 then age = math.min(age, dur + idiv(dur, 8)) end","./internal/redisstore","TestBudgetFirstWaveMatchesMemstore"),
+    ("303 a Cluster master's idle batcher never retires","internal/redisstore/batch.go","\t\t\tif s.nodes.retire(b) {\n","\t\t\tif false && s.nodes.retire(b) {\n","./internal/redisstore","TestNodeBatcherRetires"),
+    ("304 a retired batcher left in the registry","internal/redisstore/batch.go","\tif r.m[b.node] == b {\n\t\tdelete(r.m, b.node)\n\t}\n","","./internal/redisstore","TestNodeBatcherRetires"),
 ]
 only = sys.argv[1:]
 missed = 0
