@@ -2,6 +2,7 @@ package limit
 
 import (
 	"container/heap"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -22,6 +23,11 @@ import (
 // charges: the bound with nothing to guess, for comparison.
 //
 //	go test -run XXX -bench BudgetTraffic ./internal/limit/
+//
+// The seeds are 1-8 (i%8 + 1); -traffic.seed N starts them at N instead,
+// to see whether a change holds on other draws:
+//
+//	go test -run XXX -bench BudgetTraffic ./internal/limit/ -args -traffic.seed 9
 func BenchmarkBudgetTraffic(b *testing.B) {
 	for _, sc := range []trafficScenario{
 		{streams: 8, failRate: 0.1, budget: 1_000_000},
@@ -39,7 +45,7 @@ func BenchmarkBudgetTraffic(b *testing.B) {
 		b.Run(sc.String(), func(b *testing.B) {
 			var worstUsage, worstFalse float64
 			for i := range b.N {
-				usage, falsePct := sc.run(uint64(i%8 + 1))
+				usage, falsePct := sc.run(uint64(i%8 + *trafficSeed))
 				worstUsage, worstFalse = max(worstUsage, usage), max(worstFalse, falsePct)
 			}
 			b.ReportMetric(worstUsage, "x_budget")
@@ -47,6 +53,9 @@ func BenchmarkBudgetTraffic(b *testing.B) {
 		})
 	}
 }
+
+// trafficSeed is the first of BenchmarkBudgetTraffic's eight seeds.
+var trafficSeed = flag.Int("traffic.seed", 1, "the first of BenchmarkBudgetTraffic's eight seeds")
 
 type trafficScenario struct {
 	streams  int
