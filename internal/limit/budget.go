@@ -155,9 +155,11 @@ func fly(c *Check, st *State, now int64) {
 func land(st *State, now int64, hits uint64) {
 	nowMS := now / 1000
 	if len(st.Flights) > 0 {
-		if n := st.InFlight(); st.Charges < SampleCharges || n <= 2 || firstWave(st, n) {
+		n := st.InFlight()
+		trusted := st.Charges < SampleCharges || n <= 2
+		if trusted || firstWave(st, n) {
 			age := max(nowMS-st.Flights[0].FirstMS, 1)
-			if st.Charges >= SampleCharges && n > 2 {
+			if !trusted {
 				// A first wave's sample raises it by 8/n at most: a wave
 				// of n brings about n charges a duration, each a little
 				// older than the last; a flood of n checks never charged,

@@ -288,9 +288,10 @@ local function budgetval(q, h, c, act, bs)
       -- limit.firstWave: a first wave still running keeps teaching it,
       -- by 8/n of it at most a charge.
       local n = inflight(fl)
-      if ak < SAMPLE_CHARGES or n <= 2 or (ak < AVG_CHARGES and ak < n and n <= 4 * ak) then
+      local trusted = ak < SAMPLE_CHARGES or n <= 2
+      if trusted or (ak < AVG_CHARGES and ak < n and n <= 4 * ak) then
         local age = math.max(nowms - fl[1], 1)
-        if ak >= SAMPLE_CHARGES and n > 2 then age = math.min(age, dur + idiv(8 * dur, n)) end
+        if not trusted then age = math.min(age, dur + idiv(8 * dur, n)) end
         dur = math.max(age, dur - idiv(dur, 32))
       end
       local j = 1
