@@ -27,6 +27,11 @@ sleep 1.5
 run() { echo "== $1"; shift; "$TMP/bench" -duration "$DUR" "$@"; }
 run "no-op server, closed loop, 64 callers" -addr "127.0.0.1:$NOOP" -pid $NPID
 run "A: 1 descriptor, 10000 keys, closed loop, 64 callers" -addr "127.0.0.1:$GRPC" -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
+# A again, each request stating its one hit (hits_addend 1, request- and
+# descriptor-level): the same plain request, so the same answers and cost.
+for h in request descriptor; do
+	run "A: hits_addend 1 stated ($h-level)" -addr "127.0.0.1:$GRPC" -hits "$h" -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
+done
 run "B: 3 descriptors, closed loop, 64 callers" -addr "127.0.0.1:$GRPC" -descriptors 3 -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
 run "C: every key over limit, local cache on" -addr "127.0.0.1:$GRPC" -over -redis "127.0.0.1:$RPORT" -pid $SPID -metrics "http://127.0.0.1:$HTTP/metrics"
 # D: token budgets (deploy/bench/rules.yaml's budget, 1,000,000 an hour):

@@ -29,6 +29,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/internal/server"
 )
@@ -52,6 +53,7 @@ type options struct {
 	pid                                 int
 	metricsURL                          string
 	dkey                                string
+	hits                                string // how requests state their hits: none, request, descriptor
 }
 
 // Report is what one run measured.
@@ -141,6 +143,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 
 // validate refuses a load the tool cannot make.
 func (o *options) validate() error {
+	if o.hits != "none" && o.hits != "request" && o.hits != "descriptor" {
+		return fmt.Errorf("-hits %q: want none, request or descriptor", o.hits)
+	}
 	if o.mode != "closed" && o.mode != "open" {
 		return fmt.Errorf("-mode %q: want closed or open", o.mode)
 	}
@@ -162,6 +167,7 @@ func loadFlags(fs *flag.FlagSet, o *options) {
 	fs.IntVar(&o.descriptors, "descriptors", 1, "descriptors per request (keys d0, d1, d2 of deploy/bench/rules.yaml)")
 	fs.StringVar(&o.dkey, "dkey", "", "descriptor key instead of d0 (with -descriptors 1): lease_hot, exact_hot")
 	fs.BoolVar(&o.over, "over", false, "every request on the always-over key (scenario C)")
+	fs.StringVar(&o.hits, "hits", "none", "how each request states its one hit: none (hits_addend unset), request (request-level hits_addend 1) or descriptor (each descriptor's hits_addend 1), the same request to a plain limit")
 	fs.StringVar(&o.domain, "domain", "bench", "domain")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured duration")
 	fs.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load first")
@@ -352,8 +358,14 @@ func request(o *options, i uint64) *rlsv3.RateLimitRequest {
 		if o.dkey != "" {
 			key = o.dkey
 		}
-		req.Descriptors = append(req.Descriptors, &rlcommon.RateLimitDescriptor{
-			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: v}}})
+		d := &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: v}}}
+		if o.hits == "descriptor" {
+			d.HitsAddend = wrapperspb.UInt64(1)
+		}
+		req.Descriptors = append(req.Descriptors, d)
+	}
+	if o.hits == "request" {
+		req.HitsAddend = 1
 	}
 	return req
 }

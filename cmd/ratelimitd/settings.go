@@ -189,6 +189,17 @@ func decisionFlags(fs *flag.FlagSet, s *settings) {
 		o.RejectedHits = rh
 		return err
 	})
+	fs.Func("budgets", "auto or off: whether a call may be read as a token budget's check (docs/token-budgets.md). auto: on a counter a usage charge was recorded on, a call stating 0, 1 or no hits is a budget check; off: never, every call is a plain request or read, and a stream end's hits are recorded as a charge that teaches nothing (default auto)", func(v string) error {
+		switch v {
+		case "auto":
+			o.NoBudgets = false
+		case "off":
+			o.NoBudgets = true
+		default:
+			return fmt.Errorf("want auto or off, got %q", v)
+		}
+		return nil
+	})
 	fs.BoolVar(&o.CalendarPeriods, "calendar-periods", false, "month and year windows of rules without their own calendar (every rule over xDS) are UTC calendar months and years, resetting at their start, instead of 30 and 365 days from the epoch (envoyproxy/ratelimit's count)")
 	fs.Var(positive(&o.UsageTimeout, service.DefaultUsageTimeout), "usage-timeout", "the longest a budget check (a call stating 0 hits) counts as in flight while its usage charge has not come: the ceiling of the horizon learned from how long streams last (twice their duration); whole seconds, at least 1s")
 	fs.BoolVar(&o.DecisionMetadata, "decision-metadata", false, "explain each decision in the response's dynamic_metadata (rule and reason per descriptor, under \"decisions\")")

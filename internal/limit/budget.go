@@ -65,22 +65,32 @@ const (
 	budgetCharge                   // recorded whatever; ends a flight
 )
 
+// role says what a usage call on a fixed window does. A counter is a
+// budget once a charge has been recorded on it (Charges, carried to the
+// next window): until then every call but a charge is a plain request,
+// except a call stating 0 on a counter that holds no count, which is the
+// cold start's budget check (a budget's first checks come before any
+// charge) until that cold start runs out without a charge (Peek: it was
+// a peek, and is a read from then on).
 func role(c *Check, st *State) budgetRole {
 	switch c.Kind {
 	case ZeroCharge:
 		return budgetCharge
+	case PlainCharge:
+		return budgetNone
 	case CostCheck:
-		return budgetCheck
-	case QuietCost:
-		if st.Charges > 0 || len(st.Flights) > 0 {
+		if st.Charges > 0 {
 			return budgetCheck
 		}
 		return budgetNone
 	}
-	if c.Hits == 0 {
+	if c.Hits > 0 {
+		return budgetCharge
+	}
+	if st.Charges > 0 || st.Count == 0 && !st.Peek {
 		return budgetCheck
 	}
-	return budgetCharge
+	return budgetNone
 }
 
 // budgetOver reports whether a budget check of hits (its cost) is over:
@@ -120,6 +130,10 @@ func expireFlights(c *Check, st *State, now int64) {
 	}
 	if k > 0 {
 		st.Flights = st.Flights[k:]
+		if st.Charges == 0 {
+			// The cold start ran out without a charge: a peek.
+			st.Peek = true
+		}
 	}
 	if len(st.Flights) == 0 {
 		st.Flights = nil

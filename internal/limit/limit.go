@@ -97,28 +97,36 @@ const (
 // Lua script; keep them.
 type UsageKind uint8
 
-// The kinds of usage call.
+// The kinds of usage call. A counter is a budget only once it is one:
+// until a charge has been recorded on it (State.Charges), every call on
+// it but a charge is a plain request (docs/token-budgets.md, "What each
+// call does").
 const (
-	// ByHits: zero hits make a budget check, hits a charge (a
-	// stream-end call that states its usage).
+	// ByHits: hits make a charge (a stream-end call that states its
+	// usage); zero hits a budget check on a budget, the cold start's
+	// check on a counter never charged nor counted (see [State.Peek]),
+	// and otherwise a read (a peek: consumes nothing, over only past the
+	// limit).
 	ByHits UsageKind = 0
 	// ZeroCharge is a stream end that charged nothing (a token kind the
 	// stream did not use): it ends a flight and tells the usage per check
 	// that a stream spent 0.
 	ZeroCharge UsageKind = 1
-	// CostCheck is a budget check that also consumes its hits, all or
-	// nothing: a request-phase call stating a small cost.
+	// CostCheck is a request-phase call that costs its hits (a stated 1,
+	// or no hits stated): a budget check that also consumes its hits,
+	// all or nothing, where the counter is a budget; a plain request
+	// elsewhere.
 	CostCheck UsageKind = 2
-	// QuietCost is a request that states no hits on a usage rule: a
-	// CostCheck where the counter already carries a budget's state (it
-	// has seen charges or holds flights), a plain request elsewhere.
-	QuietCost UsageKind = 3
+	// PlainCharge is a charge that is never a budget's (--budgets off):
+	// its hits are recorded whatever the decision, as a charge's, and it
+	// neither ends a flight nor teaches anything.
+	PlainCharge UsageKind = 3
 )
 
 // Charge reports a usage charge: hits recorded whatever the decision,
 // ending a flight.
 func (c *Check) Charge() bool {
-	return c.Usage && !c.Refund && (c.Kind == ZeroCharge || c.Kind == ByHits && c.Hits > 0)
+	return c.Usage && !c.Refund && (c.Kind == ZeroCharge || (c.Kind == ByHits || c.Kind == PlainCharge) && c.Hits > 0)
 }
 
 // Window returns the start and end (µs) of the fixed window holding
@@ -217,6 +225,11 @@ type State struct {
 	// Flights are a fixed window's budget checks admitted and not yet
 	// charged, oldest first, in buckets by admission time.
 	Flights []Flight
+	// Peek marks a fixed window never charged whose cold start ran out:
+	// its first checks' horizon passed without a charge. A call stating
+	// 0 on it is then a read (a peek), not a budget check, until a charge
+	// makes it a budget. It serves the next window as Avg does.
+	Peek bool
 }
 
 // Flight is a bucket of in-flight budget checks: N of them, admitted
@@ -328,11 +341,11 @@ func normalize(c *Check, st State, now int64) State {
 		if st.End != end {
 			// The usage per check serves the window after its own, no
 			// later: the state decides that, not a key's TTL.
-			avg, k, dur := st.Avg, st.Charges, st.DurMS
+			avg, k, dur, peek := st.Avg, st.Charges, st.DurMS, st.Peek
 			if st.End != start {
-				avg, k, dur = 0, 0, 0
+				avg, k, dur, peek = 0, 0, 0, false
 			}
-			st = State{End: end, Avg: avg, Charges: k, DurMS: dur, Flights: st.Flights}
+			st = State{End: end, Avg: avg, Charges: k, DurMS: dur, Flights: st.Flights, Peek: peek}
 		}
 		expireFlights(c, &st, now)
 	}
@@ -397,14 +410,19 @@ func apply(c *Check, st *State, now int64, consume bool) {
 			}
 		}
 	default:
+		// The role is the one decided on: before the count moves.
+		rl := budgetNone
+		if c.Usage && !c.Refund && c.Algorithm == FixedWindow {
+			rl = role(c, st)
+		}
 		switch {
 		case c.Refund:
 			st.Count -= min(st.Count, hits)
 		case consume:
 			st.Count = min(st.Count+hits, maxCount(c.Algorithm))
 		}
-		if c.Usage && consume && c.Algorithm == FixedWindow {
-			switch role(c, st) {
+		if consume {
+			switch rl {
 			case budgetCheck:
 				fly(c, st, now)
 			case budgetCharge:

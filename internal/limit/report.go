@@ -39,8 +39,9 @@ func report(c *Check, st *State, now int64) (remaining uint64, resetUS, expireAt
 		if st.Count > 0 || len(st.Flights) > 0 {
 			expireAt = st.End + GraceUS
 		}
-		if st.Charges > 0 {
-			// The usage per check serves the next window's first checks.
+		if st.Charges > 0 || st.Peek {
+			// The usage per check serves the next window's first checks,
+			// and a peek mark its peeks.
 			expireAt = max(expireAt, st.End+c.WindowUS+GraceUS)
 		}
 		return remaining, st.End - now, expireAt

@@ -237,32 +237,33 @@ func TestZeroCharge(t *testing.T) {
 	}
 }
 
-// TestCostChecks: a request-phase call stating a small cost, or stating
-// none on a counter that carries a budget's state, is a budget check that
-// consumes its cost and joins the flights; refused, it consumes nothing.
+// TestCostChecks: a request-phase call that costs its hits (a stated 1,
+// or none) is a plain request on a counter never charged, and a budget
+// check that consumes its cost and joins the flights on a budget;
+// refused, it consumes nothing.
 func TestCostChecks(t *testing.T) {
 	b := newBudget(t, 26_000)
-	// No budget state yet: a quiet request is a plain one.
-	b.call(QuietCost, 1)
-	if st := b.state(); st.Count != 1 || st.InFlight() != 0 || st.Charges != 0 {
-		t.Fatalf("quiet request on a plain counter: %+v, want count 1, nothing else", *st)
+	// Never charged: plain requests, whatever else is in flight.
+	b.check()
+	for range 5 {
+		b.call(CostCheck, 1)
+	}
+	if st := b.state(); st.Count != 5 || st.InFlight() != 1 || st.Charges != 0 {
+		t.Fatalf("cost calls on a counter never charged: %+v, want count 5, the one cold check in flight", *st)
 	}
 	b.ms(100)
-	b.charge(2999)
-	for i := range 2 {
-		if r := b.call(QuietCost, 1); r.Over {
-			t.Fatalf("quiet cost %d refused", i+1)
-		}
+	b.charge(2994)
+	for i := range 4 {
 		if r := b.call(CostCheck, 1); r.Over {
 			t.Fatalf("cost check %d refused", i+1)
 		}
 	}
-	if st := b.state(); st.Count != 3004 || st.InFlight() != 4 {
-		t.Fatalf("after four cost checks: %+v, want count 3004, 4 in flight", *st)
+	if st := b.state(); st.Count != 3003 || st.InFlight() != 4 {
+		t.Fatalf("after four cost checks: %+v, want count 3003, 4 in flight", *st)
 	}
-	// 3004 + 4 x 2999 x 2 (one charge, widened) >= 26,000: refused, and
+	// 3003 + 4 x 2994 x 2 (one charge, widened) >= 26,000: refused, and
 	// nothing consumed.
-	if r := b.call(CostCheck, 1); !r.Over || b.state().Count != 3004 || b.state().InFlight() != 4 {
+	if r := b.call(CostCheck, 1); !r.Over || b.state().Count != 3003 || b.state().InFlight() != 4 {
 		t.Fatalf("cost check past the flights: %+v, state %+v; want over, nothing consumed", r, *b.state())
 	}
 	// A cost that does not fit is over whatever is in flight.
@@ -270,6 +271,96 @@ func TestCostChecks(t *testing.T) {
 	if r := c.call(CostCheck, 11); !r.Over || c.state().Count != 0 {
 		t.Fatalf("cost past the limit: %+v", r)
 	}
+}
+
+// TestPlainUntilCharged: on a counter no charge was ever recorded on,
+// a call that costs 1 is a plain request however many come at once: a
+// fresh counter of 20 admits exactly 20, each answered with the window's
+// remaining count and reset.
+func TestPlainUntilCharged(t *testing.T) {
+	b := newBudget(t, 20)
+	for i := range 20 {
+		r := b.call(CostCheck, 1)
+		if r.Over || r.Remaining != uint64(19-i) || r.ResetUS != 3600e6-5e6 {
+			t.Fatalf("request %d: %+v, want admitted, %d left, the window's reset", i+1, r, 19-i)
+		}
+	}
+	if r := b.call(CostCheck, 1); !r.Over || r.Remaining != 0 || b.state().Count != 20 {
+		t.Fatalf("request 21: %+v, count %d; want over, 20 counted", r, b.state().Count)
+	}
+	if st := b.state(); st.InFlight() != 0 || st.Charges != 0 {
+		t.Fatalf("plain requests left a budget's state: %+v", *st)
+	}
+}
+
+// TestPlainCharge: a charge that is never a budget's (--budgets off) is
+// recorded when it crosses the limit, as any charge, and leaves no
+// budget's state: the counter stays plain.
+func TestPlainCharge(t *testing.T) {
+	b := newBudget(t, 10)
+	b.check()
+	b.ms(100)
+	for i, over := range []bool{false, false, true} {
+		if r := b.call(PlainCharge, 4); r.Over != over {
+			t.Fatalf("plain charge %d: %+v, want over %v", i+1, r, over)
+		}
+	}
+	if st := b.state(); st.Count != 12 || st.Charges != 0 || st.InFlight() != 1 {
+		t.Fatalf("after plain charges: %+v, want count 12, no charge learned, the check still in flight", *st)
+	}
+}
+
+// TestPeeks: a call stating 0 on a counter never charged reads it: on a
+// counter that holds a count at once, and on an empty one once the cold
+// start's first horizon has passed without a charge; the mark serves the
+// next window, and a charge makes the counter a budget.
+func TestPeeks(t *testing.T) {
+	b := newBudget(t, 10)
+	b.call(CostCheck, 1)
+	for range 20 {
+		if r := b.check(); r.Over || r.Remaining != 9 {
+			t.Fatalf("a peek on a counted counter: %+v, want admitted, 9 left", r)
+		}
+	}
+	if st := b.state(); st.InFlight() != 0 || st.Count != 1 {
+		t.Fatalf("peeks changed the counter: %+v", *st)
+	}
+
+	p := newBudget(t, 10)
+	for range ColdInFlight {
+		p.mustAdmit("a cold check")
+	}
+	p.mustRefuse("a fifth check within the cold start's horizon")
+	p.ms(ColdFlightMS + 1)
+	for range 100 {
+		p.mustAdmit("a peek past the first horizon")
+	}
+	if st := p.state(); !st.Peek || st.InFlight() != 0 {
+		t.Fatalf("after the cold start ran out: %+v, want a peek mark and nothing in flight", *st)
+	}
+	// The next window keeps the mark; the one after that starts cold.
+	p.now += 3600e6
+	for range 10 {
+		p.mustAdmit("a peek in the next window")
+	}
+	p.now += 2 * 3600e6
+	for range ColdInFlight {
+		p.mustAdmit("a cold check two windows on")
+	}
+	p.mustRefuse("past the cold quota two windows on")
+	// A charge makes a peeked counter a budget.
+	p.ms(ColdFlightMS + 1)
+	p.check()
+	p.ms(100)
+	p.charge(3)
+	if st := p.state(); st.Charges != 1 {
+		t.Fatalf("a charge on a peeked counter: %+v", *st)
+	}
+	for range 2 {
+		p.mustAdmit("a budget check")
+	}
+	// 3 + 2 in flight x 3 x 2 >= 10.
+	p.mustRefuse("a budget check past its flights")
 }
 
 // TestDurationLearned: the horizon follows how long streams last, from

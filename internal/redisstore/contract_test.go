@@ -21,7 +21,7 @@ func TestScriptContract(t *testing.T) {
 			"FLAG_REFUND": flagRefund, "FLAG_NO_VETO": flagNoVeto, "FLAG_USAGE": flagUsage, "FLAG_BIG": flagBig,
 			"CALENDAR_UNIT": calendarUnit, "FLIGHT_UNIT": flightUnit,
 			"FIXED_WINDOW": int64(limit.FixedWindow), "SLIDING_WINDOW": int64(limit.SlidingWindow), "TOKEN_BUCKET": int64(limit.TokenBucket),
-			"BY_HITS": int64(limit.ByHits), "ZERO_CHARGE": int64(limit.ZeroCharge), "COST_CHECK": int64(limit.CostCheck), "QUIET": int64(limit.QuietCost),
+			"BY_HITS": int64(limit.ByHits), "ZERO_CHARGE": int64(limit.ZeroCharge), "COST_CHECK": int64(limit.CostCheck), "PLAIN_CHARGE": int64(limit.PlainCharge),
 			"MIN_FLIGHT": limit.MinFlightMS, "COLD_FLIGHT": limit.ColdFlightMS, "SAMPLE_CHARGES": limit.SampleCharges, "COLD_IN_FLIGHT": limit.ColdInFlight,
 			"AVG_CHARGES": limit.AvgCharges,
 			"MAXC":        limit.MaxCount, "MAXSC": limit.MaxSlidingCount,

@@ -459,8 +459,10 @@ func TestBudgetMatchesMemstore(t *testing.T) {
 				if rng.IntN(2) == 0 {
 					c.Hits = uint64(rng.IntN(3000))
 				}
-			case limit.CostCheck, limit.QuietCost:
+			case limit.CostCheck:
 				c.Hits = uint64(1 + rng.IntN(3))
+			case limit.PlainCharge:
+				c.Hits = uint64(1 + rng.IntN(3000))
 			}
 			checks = append(checks, c)
 		}

@@ -38,7 +38,7 @@ func TestScriptArgsGolden(t *testing.T) {
 			// The usage kinds, packed above the flags.
 			{Key: "i", Limit: 1000, WindowUS: 3600e6, Hits: 0, Usage: true, Kind: limit.ZeroCharge, FlightS: 300},
 			{Key: "j", Limit: 1000, WindowUS: 3600e6, Hits: 1, Usage: true, Kind: limit.CostCheck, FlightS: 300},
-			{Key: "k", Limit: 1000, WindowUS: 3600e6, Hits: 1, Usage: true, Kind: limit.QuietCost, FlightS: 300},
+			{Key: "k", Limit: 1000, WindowUS: 3600e6, Hits: 5, Usage: true, Kind: limit.PlainCharge, FlightS: 300},
 		},
 	})
 	// Every request of one key: no count per request, -R instead of R.

@@ -17,11 +17,19 @@ import (
 // clocked runs f on both stores with one scripted clock, which f moves.
 func clocked(t *testing.T, f func(t *testing.T, s *service.Service, advance func(time.Duration))) {
 	t.Helper()
+	clockedWith(t, budgetShapes, service.Options{}, f)
+}
+
+// clockedWith is clocked with other rules and options.
+func clockedWith(t *testing.T, rules string, opts service.Options, f func(t *testing.T, s *service.Service, advance func(time.Duration))) {
+	t.Helper()
 	run := func(t *testing.T, st func(now func() time.Time) service.Store) {
 		var clock atomic.Int64
 		clock.Store(time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC).UnixMicro())
 		now := func() time.Time { return time.UnixMicro(clock.Load()) }
-		s := service.New(parseRules(t, budgetShapes), st(now), nil, service.Options{Metrics: metrics.New("test"), Now: now})
+		o := opts
+		o.Metrics, o.Now = metrics.New("test"), now
+		s := service.New(parseRules(t, rules), st(now), nil, o)
 		f(t, s, func(d time.Duration) { clock.Add(d.Microseconds()) })
 	}
 	t.Run("memstore", func(t *testing.T) {
@@ -160,11 +168,14 @@ func TestQuotaPolicyShape(t *testing.T) {
 		advance(50 * time.Millisecond)
 		call(t, s, aiRequest(tokens(100, "quota", "u")))
 		okay(t, s, "request after a charge ended a flight", aiRequest(desc("quota", "u")), true)
-		// The rule has been charged: on a fresh counter its requests are
-		// budget checks from the first, four in flight before a charge.
-		for range 4 {
-			okay(t, s, "first requests of another user", aiRequest(desc("quota", "v")), true)
+		// A counter is a budget once a charge lands on it, not its rule:
+		// another user's first requests are plain requests, however many
+		// run at once, each costing 1.
+		for i := range 10 {
+			r := okay(t, s, "request of another user before any charge", aiRequest(desc("quota", "v")), true)
+			if got := r.GetStatuses()[0].GetLimitRemaining(); got != uint32(18000-1-i) {
+				t.Fatalf("request %d of another user: %d left, want %d", i+1, got, 18000-1-i)
+			}
 		}
-		okay(t, s, "fifth request of another user before any charge", aiRequest(desc("quota", "v")), false)
 	})
 }

@@ -180,8 +180,12 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item, sc *scr
 			checks[c].Usage = checks[c].Usage || it.usage
 			if checks[c].Kind != it.ukind {
 				// Two kinds of call on one counter: the summed hits
-				// decide, a charge when there are any.
+				// decide, a charge when there are any (never a
+				// budget's under NoBudgets).
 				checks[c].Kind = limit.ByHits
+				if s.opts.NoBudgets {
+					checks[c].Kind = limit.PlainCharge
+				}
 			}
 		}
 		if it.refund {

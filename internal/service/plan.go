@@ -3,7 +3,6 @@ package service
 import (
 	"fmt"
 	"strings"
-	"sync"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -248,21 +247,32 @@ func sharedPattern(levels []*config.Rule, j int) (string, bool) {
 // classify tells each usage call of a request what it is, from what
 // Envoy sends (docs/token-budgets.md, "What each call does"): a request
 // in which some usage descriptor states 2 hits or more is a stream end,
-// whose descriptors are charges (0 a zero charge: a token kind the stream
-// did not use); a request whose stated usage hits are all 0 or 1 is at
-// the request phase: 0 a budget check, 1 a budget check that costs 1
-// (Envoy Gateway's cost.request 1); a descriptor stating no hits is a
-// request that costs 1, and a budget check too on a rule this instance
-// has seen charged, or where its counter carries a budget (AI Gateway's
-// QuotaPolicy). What this cannot tell apart: a stream end whose every
-// usage is 0 or 1 is taken for a check, and a request-phase cost of 2 or
-// more for a charge.
+// whose descriptors stating hits are charges (0 a zero charge: a token
+// kind the stream did not use); at the request phase a descriptor
+// stating 0 is a budget check (or a read: the store tells, from the
+// counter), and one stating 1 or none (AI Gateway's QuotaPolicy, Envoy
+// Gateway's cost.request 1) a request that costs 1, which the store
+// makes a budget check only on a counter that is a budget. So a stated 1
+// and no hits are the same call everywhere. Under NoBudgets, only a
+// stream end's stated hits are usage: charges that teach nothing.
 func (s *Service) classify(items []item) {
 	end := streamEnd(items)
-	charged := s.charged.Load()
 	for i := range items {
-		if it := &items[i]; it.kind == counted && it.usage {
-			it.ukind = usageKind(it, end, charged)
+		it := &items[i]
+		if it.kind != counted || !it.usage {
+			continue
+		}
+		switch {
+		case s.opts.NoBudgets && end && it.stated && it.hits > 0:
+			it.ukind = limit.PlainCharge
+		case s.opts.NoBudgets:
+			it.usage = false
+		case !it.stated || !end && it.hits == 1:
+			it.ukind = limit.CostCheck
+		case end && it.hits == 0:
+			it.ukind = limit.ZeroCharge
+		default:
+			it.ukind = limit.ByHits
 		}
 	}
 }
@@ -276,24 +286,4 @@ func streamEnd(items []item) bool {
 		}
 	}
 	return false
-}
-
-// usageKind is classify's answer for one usage item; a charge marks its
-// rule as charged.
-func usageKind(it *item, end bool, charged *sync.Map) limit.UsageKind {
-	switch {
-	case !it.stated:
-		if _, ok := charged.Load(it.rule); ok && it.rule != nil {
-			return limit.CostCheck
-		}
-		return limit.QuietCost
-	case end && it.hits == 0:
-		return limit.ZeroCharge
-	case !end && it.hits == 1:
-		return limit.CostCheck
-	}
-	if _, ok := charged.Load(it.rule); end && !ok && it.rule != nil {
-		charged.Store(it.rule, struct{}{})
-	}
-	return limit.ByHits
 }

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -122,6 +121,10 @@ type Options struct {
 	// counts as in flight while its usage charge has not come. Zero means
 	// DefaultUsageTimeout.
 	UsageTimeout time.Duration
+	// NoBudgets reads no call as a budget check (--budgets off): a call
+	// stating 0 hits is a read, one stating 1 or none a request, and a
+	// stream end's hits a charge recorded whatever, never a budget's.
+	NoBudgets bool
 	// CalendarPeriods makes the month and year windows of rules that do
 	// not set calendar (every rule over xDS) UTC calendar months and
 	// years, where a rule can be one (config.RateLimit.CalendarEligible,
@@ -188,11 +191,6 @@ type Service struct {
 	demand      Demand
 	lastFailLog lograte.Limiter // of the fail-open log line
 	flightS     int64           // opts.UsageTimeout in seconds, as checks carry it
-	// charged holds the rules of the snapshot in force that this
-	// instance has seen a usage charge on (a *config.Rule each): a
-	// request stating no hits on one is a budget check from its first
-	// key on (see classify).
-	charged atomic.Pointer[sync.Map]
 }
 
 // New returns a service deciding with rules (which may be nil until
@@ -241,7 +239,6 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	s.flightS = int64(opts.UsageTimeout / time.Second)
 	s.useRules(rules)
 	s.rules.Store(rules)
-	s.charged.Store(new(sync.Map))
 	return s
 }
 
@@ -254,7 +251,6 @@ func (s *Service) Demand() *Demand { return &s.demand }
 func (s *Service) SetRules(rules *config.Snapshot) {
 	s.useRules(rules)
 	s.rules.Store(rules)
-	s.charged.Store(new(sync.Map))
 	s.detailed.reset()
 	if s.cache != nil {
 		s.cache.Clear()

@@ -21,18 +21,20 @@
 --          that takes usage after the fact), 8 = big: the hits, 2^32 or
 --          more, are the value at that 1-based place of the list after
 --          the keys' values; 16 * the usage kind (limit.UsageKind: 0 by
---          the hits: none a budget check, some a charge, recorded even
---          when over or refused; 1 a charge of zero; 2 a budget check
---          that consumes its hits; 3 that, where the key holds a budget's
---          state, else a plain request)); exact in a double, since
+--          the hits: some a charge, recorded even when over or refused,
+--          none a budget check on a budget (or the cold start's on a key
+--          holding no count and no peek mark), else a read; 1 a charge of
+--          zero; 2 a budget check that consumes its hits on a budget,
+--          else a plain request; 3 a charge that is never a budget's:
+--          recorded so, teaching nothing)); exact in a double, since
 --          packed hits are below 2^32 (one argument fewer per key to
 --          parse and convert)
 -- then the big hits, in order (redisstore saturates hits at
 --          limit.MaxHits, 2^51, over any limit).
 -- Values: fixed "<window_end_us>:<count>", or with a budget's state
--- "<window_end_us>:<count>|<usage per check x 1024>/<charges>/<duration_ms>;<first_ms>:<last_ms>:<n>;..."
--- (limit.State's Avg, Charges and DurMS; the checks in flight, oldest
--- first, in buckets by admission time in Unix ms), sliding "<window_end_us>:<count>:<prev>",
+-- "<window_end_us>:<count>|<usage per check x 1024>/<charges>/<duration_ms>[/1];<first_ms>:<last_ms>:<n>;..."
+-- (limit.State's Avg, Charges and DurMS, "/1" when Peek; the checks in
+-- flight, oldest first, in buckets by admission time in Unix ms), sliding "<window_end_us>:<count>:<prev>",
 -- token bucket "<tat_us>". A value that does not parse (a leaked or foreign
 -- key, or a key of another type, which MGET reads as absent) counts as
 -- absent and is rewritten or deleted here, so no key this script touches
@@ -63,10 +65,11 @@ local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE, FLAG_BIG = 1, 2, 4, 8
 local CALENDAR_UNIT, FLIGHT_UNIT = 4, 16
 -- The algorithms (limit.Algorithm).
 local FIXED_WINDOW, SLIDING_WINDOW, TOKEN_BUCKET = 0, 1, 2
--- The usage kinds (limit.UsageKind) and the flags of a request stating no
--- hits on a usage rule (usage, QUIET), which the fast path takes.
-local BY_HITS, ZERO_CHARGE, COST_CHECK, QUIET = 0, 1, 2, 3
-local QUIET_FLAGS = FLAG_USAGE + QUIET * KIND_UNIT
+-- The usage kinds (limit.UsageKind) and the flags of a request that
+-- costs its hits on a usage rule (usage, COST_CHECK), which the fast path
+-- takes: a plain request on a key holding no budget's state.
+local BY_HITS, ZERO_CHARGE, COST_CHECK, PLAIN_CHARGE = 0, 1, 2, 3
+local COST_FLAGS = FLAG_USAGE + COST_CHECK * KIND_UNIT
 -- A budget's learned horizon, as limit's: MIN_FLIGHT and COLD_FLIGHT ms,
 -- SAMPLE_CHARGES, COLD_IN_FLIGHT and the buckets of a horizon; the
 -- charges the usage per check follows (limit.AvgCharges).
@@ -212,42 +215,49 @@ end
 
 -- parsebudget reads a fixed window's value with a budget's state: the
 -- count (0 from another window), the usage per check, the charges, the
--- stream duration, and the flights still unexpired (a flat list of
--- first, last, n), or zeros for a value that does not parse.
+-- stream duration, the flights still unexpired (a flat list of first,
+-- last, n) and the peek mark, or zeros for a value that does not parse.
 local function parsebudget(raw, q)
   local we, sc, state = fixedvalue(raw)
   local sav, sk, sd, rest
   if we then sav, sk, sd, rest = match(state, '^|(%d+)/(%d+)/?(%d*)(.*)$') end
-  if not sav then return 0, 0, 0, 0, nil end
+  if not sav then return 0, 0, 0, 0, nil, false end
   local c, av, k, dur = 0, tonumber(sav), tonumber(sk), tonumber(sd) or 0
-  -- The usage per check and the duration serve the window after their
-  -- own, no later.
-  if we == e[q] then c = sc elseif we ~= ws[q] then av, k, dur = 0, 0, 0 end
+  local peek = find(rest, '^/1') ~= nil
+  -- The usage per check, the duration and the peek mark serve the
+  -- window after their own, no later.
+  if we == e[q] then c = sc elseif we ~= ws[q] then av, k, dur, peek = 0, 0, 0, false end
   local d, fl = horizon(q, dur), nil
   for f1, f2, n in gmatch(rest, ';(%d+):(%d+):(%d+)') do
     f2 = tonumber(f2)
-    -- limit.expireFlights: from the oldest, while expired.
+    -- limit.expireFlights: from the oldest, while expired; a cold
+    -- start that ran out without a charge was a peek.
     if fl or f2 + d >= nowms then
       if not fl then fl = {} end
       fl[#fl + 1] = tonumber(f1)
       fl[#fl + 1] = f2
       fl[#fl + 1] = tonumber(n)
+    elseif k == 0 then
+      peek = true
     end
   end
-  return c, av, k, dur, fl
+  return c, av, k, dur, fl, peek
 end
 
--- role is limit's: what a usage call on a fixed window does: 0 a plain
--- request, 1 a budget check, 2 a charge.
-local function role(kind, h, bs)
+-- role is limit's: what a usage call on a fixed window of count c does:
+-- 0 a plain request (or a read), 1 a budget check, 2 a charge. A key is
+-- a budget once a charge was recorded on it.
+local function role(kind, h, c, bs)
   if kind == ZERO_CHARGE then return 2 end
-  if kind == COST_CHECK then return 1 end
-  if kind == QUIET then
-    if bs and (bs[2] > 0 or bs[4]) then return 1 end
+  if kind == PLAIN_CHARGE then return 0 end
+  local budget = bs and bs[2] > 0
+  if kind == COST_CHECK then
+    if budget then return 1 end
     return 0
   end
-  if h == 0 then return 1 end
-  return 2
+  if h > 0 then return 2 end
+  if budget or c == 0 and not (bs and bs[5]) then return 1 end
+  return 0
 end
 
 -- budgetover is limit.budgetOver: spent, the cost does not fit, or the
@@ -272,8 +282,8 @@ end
 -- it; moves the usage per check, the mean of the last 256 charges x
 -- 1024). nil when nothing is left to keep.
 local function budgetval(q, h, c, act, bs)
-  local av, ak, dur, fl = 0, 0, 0, nil
-  if bs then av, ak, dur, fl = bs[1], bs[2], bs[3], bs[4] end
+  local av, ak, dur, fl, peek = 0, 0, 0, nil, false
+  if bs then av, ak, dur, fl, peek = bs[1], bs[2], bs[3], bs[4], bs[5] end
   if act == 1 then
     local g = math.max(idiv(horizon(q, dur), BUCKETS), 1)
     if not fl then fl = {} end
@@ -316,11 +326,12 @@ local function budgetval(q, h, c, act, bs)
     local hh = h * 1024
     if hh >= av then av = av + idiv(hh - av, ak) else av = av - idiv(av - hh, ak) end
   end
-  if ak == 0 and not fl then
+  if ak == 0 and not fl and not peek then
     if c > 0 then return pre[q] .. num(c), ttl[q] end
     return nil, nil
   end
   local parts = {pre[q], num(c), '|', num(av), '/', ak, '/', dur}
+  if peek then parts[#parts + 1] = '/1' end
   -- Flights never stretch the key past its window; the usage per check
   -- keeps it through the next.
   local xe = 0
@@ -330,7 +341,8 @@ local function budgetval(q, h, c, act, bs)
       parts[#parts + 1] = format(';%d:%d:%d', fl[j], fl[j + 1], fl[j + 2])
     end
   end
-  if ak > 0 then xe = math.max(xe, e[q] + win[q] + GRACE) end
+  -- As do the peek mark.
+  if ak > 0 or peek then xe = math.max(xe, e[q] + win[q] + GRACE) end
   return table.concat(parts), px(xe)
 end
 
@@ -376,12 +388,12 @@ local function decide(k0, n)
         if sc then
           c = tonumber(sc)
         elseif find(raw, '|', 1, true) then
-          local av, ak, dur, fl
-          c, av, ak, dur, fl = parsebudget(raw, q)
-          bs = {av, ak, dur, fl}
+          local av, ak, dur, fl, peek
+          c, av, ak, dur, fl, peek = parsebudget(raw, q)
+          bs = {av, ak, dur, fl, peek}
         end
       end
-      if usage and not refund then rl = role(kind, h, bs) end
+      if usage and not refund then rl = role(kind, h, c, bs) end
       if rl == 1 then
         o = budgetover(q, h, c, bs)
       else
@@ -428,7 +440,7 @@ local function decide(k0, n)
     f = f - kind * KIND_UNIT
     local refund, usage = f % 2 == FLAG_REFUND, f % 8 >= FLAG_USAGE
     -- A usage charge is recorded whatever the decision (limit.Check.Charge).
-    local charge = usage and (kind == ZERO_CHARGE or kind == BY_HITS and h > 0)
+    local charge = usage and (kind == ZERO_CHARGE or (kind == BY_HITS or kind == PLAIN_CHARGE) and h > 0)
     local consume = (admitted and not o or charge) and not refund
     local a, l = alg[q], lim[q]
     local remaining, reset, val, ex = 0, 0, nil, nil
@@ -505,9 +517,9 @@ local function decide(k0, n)
 end
 
 -- fast decides a request of the one key k on the common path — plain
--- hits (no refund, shadow, usage other than a request stating no hits, or
--- big hits) on a fixed window whose key holds nothing or this window's
--- plain count, where such a request is plain — as decide does, operation
+-- hits (no refund, shadow, usage other than a request that costs its
+-- hits, or big hits) on a fixed window whose key holds nothing or this
+-- window's plain count, where such a request is plain — as decide does, operation
 -- for operation, without its per-key scratch, flag decoding and pcall
 -- (its one write is a redis.pcall); it returns false, having done
 -- nothing, for anything else. Measured: 3.4 -> 2.95 us a key at batches
@@ -518,7 +530,7 @@ local function fast(k)
   local h = floor(v / HITS_UNIT)
   local rf = v - h * HITS_UNIT
   local fl = rf % RULE_UNIT
-  if fl ~= 0 and fl ~= QUIET_FLAGS then return false end
+  if fl ~= 0 and fl ~= COST_FLAGS then return false end
   local q = (rf - fl) / RULE_UNIT
   if alg[q] ~= FIXED_WINDOW then return false end
   local key = KEYS[k]

@@ -1,0 +1,229 @@
+package service_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimitd/internal/service"
+)
+
+// plainShapes are the rules of the call-shape tests: a request limit of
+// 20 a minute (envoyproxy/ratelimit's integration suite's shape) and a
+// QuotaPolicy-style quota of 10 an hour.
+const plainShapes = `
+domain: ai
+descriptors:
+  - key: minute
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: quota
+    rate_limit: {unit: hour, requests_per_unit: 10}
+`
+
+// shapes are the ways a client says "one request" (docs/token-budgets.md,
+// "What each call does"): they must be one call.
+var shapes = map[string]func(d *rlcommon.RateLimitDescriptor) *rlsv3.RateLimitRequest{
+	"hits unset": func(d *rlcommon.RateLimitDescriptor) *rlsv3.RateLimitRequest { return aiRequest(d) },
+	"request-level 0": func(d *rlcommon.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+		r := aiRequest(d)
+		r.HitsAddend = 0
+		return r
+	},
+	"request-level 1": func(d *rlcommon.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+		r := aiRequest(d)
+		r.HitsAddend = 1
+		return r
+	},
+	"descriptor-level 1": func(d *rlcommon.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+		d.HitsAddend = wrapperspb.UInt64(1)
+		return aiRequest(d)
+	},
+}
+
+// wantStatus fails unless r's first status is code with remaining left
+// and the window's reset (whole seconds to the window's end).
+func wantStatus(t *testing.T, what string, r *rlsv3.RateLimitResponse, code rlsv3.RateLimitResponse_Code, remaining uint32, reset time.Duration) {
+	t.Helper()
+	st := r.GetStatuses()[0]
+	if r.GetOverallCode() != code || st.GetCode() != code || st.GetLimitRemaining() != remaining ||
+		st.GetDurationUntilReset().AsDuration().Round(time.Second) != reset {
+		t.Fatalf("%s: %v %v, remaining %d, reset %v; want %v, %d left, reset %v", what, r.GetOverallCode(), st.GetCode(),
+			st.GetLimitRemaining(), st.GetDurationUntilReset().AsDuration(), code, remaining, reset)
+	}
+}
+
+// TestStatedOneIsARequest: a client stating hits_addend 1 (request- or
+// descriptor-level, as envoyproxy/ratelimit's integration suite and many
+// gRPC clients do), 0 at request level, or nothing, on a fresh counter
+// of 20 a minute gets exactly 20 OK, each with the window's remaining
+// count and reset, then OVER_LIMIT, also after a peek left the cold
+// start's check on the counter; a burst of them at one instant is no
+// different (nothing is held in flight for them).
+func TestStatedOneIsARequest(t *testing.T) {
+	for name, shape := range shapes {
+		t.Run(name, func(t *testing.T) {
+			clockedWith(t, plainShapes, service.Options{}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+				advance(15 * time.Second)
+				// A peek first leaves the key a cold check's state: the
+				// requests after it are no different.
+				wantStatus(t, "a peek", call(t, s, aiRequest(tokens(0, "minute", "u"))), rlsv3.RateLimitResponse_OK, 20, 45*time.Second)
+				for i := range 20 {
+					wantStatus(t, fmt.Sprintf("request %d", i+1), call(t, s, shape(desc("minute", "u"))), rlsv3.RateLimitResponse_OK, uint32(19-i), 45*time.Second)
+				}
+				wantStatus(t, "request 21", call(t, s, shape(desc("minute", "u"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, 45*time.Second)
+				advance(45 * time.Second)
+				wantStatus(t, "the next window's first", call(t, s, shape(desc("minute", "u"))), rlsv3.RateLimitResponse_OK, 19, 60*time.Second)
+			})
+		})
+	}
+}
+
+// TestPeeks: a descriptor stating 0 on a counter no charge has been
+// recorded on reads it. On a counter holding a count it is never refused
+// while the count is within the limit; on an empty counter it may be
+// held as a budget's first check only for the cold start's first
+// horizon (a second), never after.
+func TestPeeks(t *testing.T) {
+	clockedWith(t, plainShapes, service.Options{}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		for i := range 20 {
+			call(t, s, aiRequest(desc("minute", "counted")))
+			for range 3 {
+				wantStatus(t, "a peek", call(t, s, aiRequest(tokens(0, "minute", "counted"))), rlsv3.RateLimitResponse_OK, uint32(19-i), 60*time.Second)
+			}
+		}
+		wantStatus(t, "a peek at the limit", call(t, s, aiRequest(tokens(0, "minute", "counted"))), rlsv3.RateLimitResponse_OK, 0, 60*time.Second)
+
+		refused := 0
+		for range 10 {
+			if call(t, s, aiRequest(tokens(0, "minute", "peeked"))).GetOverallCode() != rlsv3.RateLimitResponse_OK {
+				refused++
+			}
+		}
+		if refused == 0 || refused > 10-4 {
+			t.Fatalf("peeks on an empty counter within the first horizon: %d of 10 refused, want the cold start's (4 admitted)", refused)
+		}
+		advance(1100 * time.Millisecond)
+		for i := range 200 {
+			wantStatus(t, fmt.Sprintf("peek %d past the first horizon", i+1), call(t, s, aiRequest(tokens(0, "minute", "peeked"))), rlsv3.RateLimitResponse_OK, 20, 59*time.Second)
+		}
+	})
+}
+
+// TestQuotaFlowsOfCostZero is Envoy AI Gateway's QuotaPolicy with flows
+// that cost 0: the request phase states no hits (a cost of 1), the
+// stream end states 0. Every Envoy-visible answer is the incumbent's:
+// ten flows of a quota of 10 go, the eleventh is refused, with the
+// window's remaining count and reset.
+func TestQuotaFlowsOfCostZero(t *testing.T) {
+	clockedWith(t, plainShapes, service.Options{}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		for i := range 10 {
+			wantStatus(t, fmt.Sprintf("flow %d", i+1), call(t, s, aiRequest(desc("quota", "m"))), rlsv3.RateLimitResponse_OK, uint32(9-i), time.Hour)
+			call(t, s, aiRequest(tokens(0, "quota", "m")))
+		}
+		wantStatus(t, "flow 11", call(t, s, aiRequest(desc("quota", "m"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, time.Hour)
+	})
+}
+
+// TestQuotaFlowsOfCost: AI Gateway's QuotaPolicy e2e (a quota of 10, a
+// flow charging 20 tokens, then one more flow): the first flow goes, and
+// is charged 1 + 20; the next is refused at its request phase and, all
+// or nothing, costs nothing (the incumbent counts its 1: 22). And flows of
+// cost 5 one after another: the incumbent's answers (the request phase
+// refused once the quota is spent).
+func TestQuotaFlowsOfCost(t *testing.T) {
+	clockedWith(t, plainShapes, service.Options{}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		wantStatus(t, "the first flow", call(t, s, aiRequest(desc("quota", "a"))), rlsv3.RateLimitResponse_OK, 9, time.Hour)
+		advance(100 * time.Millisecond)
+		call(t, s, aiRequest(tokens(20, "quota", "a")))
+		wantStatus(t, "the next flow", call(t, s, aiRequest(desc("quota", "a"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, time.Hour)
+		if r := call(t, s, aiRequest(tokens(0, "quota", "a"))); r.GetStatuses()[0].GetLimitRemaining() != 0 {
+			t.Fatalf("a peek on the spent quota: %v", r.GetStatuses()[0])
+		}
+
+		// Cost 5: 1 + 5, then 7 + 5 = 12, then refused.
+		for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+			r := call(t, s, aiRequest(desc("quota", "b")))
+			if r.GetOverallCode() != want {
+				t.Fatalf("cost-5 flow %d: %v, want %v", i+1, r.GetOverallCode(), want)
+			}
+			advance(100 * time.Millisecond)
+			if want == rlsv3.RateLimitResponse_OK {
+				call(t, s, aiRequest(tokens(5, "quota", "b")))
+			}
+		}
+	})
+}
+
+// TestWeightedClient: a client stating hits 5 on a request limit of 20
+// (not a budget: nothing ever checks with 0 or 1): four go, the fifth is
+// refused and, as a call stating its hits under rejected_hits usage,
+// recorded (as the incumbent counts it); under rejected_hits nothing it
+// consumes nothing.
+func TestWeightedClient(t *testing.T) {
+	clockedWith(t, plainShapes, service.Options{}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		for i := range 4 {
+			wantStatus(t, fmt.Sprintf("weighted %d", i+1), call(t, s, aiRequest(tokens(5, "minute", "w"))), rlsv3.RateLimitResponse_OK, uint32(15-5*i), time.Minute)
+		}
+		wantStatus(t, "weighted 5", call(t, s, aiRequest(tokens(5, "minute", "w"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, time.Minute)
+	})
+}
+
+// TestBudgetsOff: with NoBudgets (--budgets off) no call is a budget
+// check: peeks on an empty counter are never held, a stated 1 is a
+// request, and a stream end's charge is still recorded when it crosses
+// the limit, teaching nothing: the next checks on that counter are
+// reads, admitted while the count is within the limit.
+func TestBudgetsOff(t *testing.T) {
+	clockedWith(t, plainShapes, service.Options{NoBudgets: true}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		for range 50 {
+			wantStatus(t, "a peek on an empty counter", call(t, s, aiRequest(tokens(0, "minute", "p"))), rlsv3.RateLimitResponse_OK, 20, time.Minute)
+		}
+		for i := range 20 {
+			wantStatus(t, "a stated 1", call(t, s, aiRequest(tokens(1, "minute", "p"))), rlsv3.RateLimitResponse_OK, uint32(19-i), time.Minute)
+		}
+		wantStatus(t, "a stated 1 past the limit", call(t, s, aiRequest(tokens(1, "minute", "p"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, time.Minute)
+
+		call(t, s, aiRequest(tokens(0, "quota", "c")))
+		call(t, s, aiRequest(tokens(6, "quota", "c")))
+		for range 10 {
+			wantStatus(t, "a check after a charge", call(t, s, aiRequest(tokens(0, "quota", "c"))), rlsv3.RateLimitResponse_OK, 4, time.Hour)
+		}
+		wantStatus(t, "a charge crossing the quota", call(t, s, aiRequest(tokens(6, "quota", "c"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, time.Hour)
+		wantStatus(t, "a request on the crossed quota", call(t, s, aiRequest(desc("quota", "c"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, time.Hour)
+	})
+}
+
+// TestMixedShapes: one request stating 1 on one counter and 0 on
+// another, neither charged: a request and a read (or cold check); a
+// request-level 1 beside a descriptor stating 0 the same; and a stated 1
+// is all or nothing, as a request stating none.
+func TestMixedShapes(t *testing.T) {
+	clockedWith(t, plainShapes, service.Options{}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		call(t, s, aiRequest(desc("quota", "x")))
+		for i := range 19 {
+			r := call(t, s, aiRequest(tokens(1, "minute", "x"), tokens(0, "quota", "x")))
+			wantStatus(t, fmt.Sprintf("mixed %d", i+1), r, rlsv3.RateLimitResponse_OK, uint32(19-i), time.Minute)
+			if got := r.GetStatuses()[1].GetLimitRemaining(); got != 9 {
+				t.Fatalf("mixed %d: the peeked quota says %d left, want 9", i+1, got)
+			}
+		}
+		r := aiRequest(desc("minute", "x"), tokens(0, "quota", "x"))
+		r.HitsAddend = 1
+		wantStatus(t, "request-level 1 beside a 0", call(t, s, r), rlsv3.RateLimitResponse_OK, 0, time.Minute)
+
+		// All or nothing: a stated 1 beside a spent quota consumes nothing.
+		for range 10 {
+			call(t, s, aiRequest(desc("quota", "y")))
+		}
+		for range 3 {
+			r := call(t, s, aiRequest(tokens(1, "minute", "y"), tokens(1, "quota", "y")))
+			if r.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || r.GetStatuses()[0].GetLimitRemaining() != 20 {
+				t.Fatalf("a stated 1 beside a spent quota: %v, want OVER_LIMIT with the minute's 20 untouched", r)
+			}
+		}
+	})
+}
