@@ -131,6 +131,10 @@ type Rule struct {
 	ValueToMetric  bool
 	// ShareThreshold makes every value matching a wildcard share one counter.
 	ShareThreshold bool
+	// RequestID makes this key-only level's value the request's id
+	// (Envoy's x-request-id): not part of the counter, it pairs a token
+	// budget's check with its stream end (limit.Check.PairID).
+	RequestID bool
 	// Metadata is the rule's free-form `metadata` map, as the Struct the
 	// response's dynamic metadata returns (--response-dynamic-metadata):
 	// checked at load, so that a request never meets one that cannot be.
@@ -346,12 +350,19 @@ func (d *Domain) RLQSRule(r *Rule) bool {
 }
 
 // Warnings returns what loads but is likely not what was meant, one line
-// each with the rule's file and line: today, limits that RLQS buckets
-// reach with a window under MinRLQSWindow.
+// each with the rule's file and line: limits that RLQS buckets reach with
+// a window under MinRLQSWindow, and limits on a key-only level named like
+// a request id without request_id (each request its own counter).
 func (s *Snapshot) Warnings() []string {
 	var out []string
 	for _, name := range s.Domains() {
 		d := s.Domain(name)
+		for _, r := range d.rules {
+			if r.Limit != nil && !r.Limit.Unlimited && r.Value == "" && !r.RequestID && looksLikeRequestID(r.Key) {
+				out = append(out, fmt.Sprintf("%s:%d: %s: warning: a limit on every value of %q counts each request on its own counter, so it never limits anything; if %q is the request's id, mark the level request_id: true (docs/token-budgets.md, \"Pairing a check with its stream end\")",
+					r.File, r.Line, r.Path, r.Key, r.Key))
+			}
+		}
 		if d.RLQSKeys == nil {
 			continue
 		}
@@ -367,4 +378,11 @@ func (s *Snapshot) Warnings() []string {
 		}
 	}
 	return out
+}
+
+// looksLikeRequestID reports a descriptor key named as a request's id
+// (x-request-id, request_id, requestId, ...).
+func looksLikeRequestID(key string) bool {
+	k := strings.NewReplacer("-", "", "_", "").Replace(strings.ToLower(key))
+	return strings.HasSuffix(k, "requestid")
 }

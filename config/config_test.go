@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,6 +39,7 @@ func TestBadConfigs(t *testing.T) {
 		{"non_map_list.bad.yaml", []string{":2: descriptors[0]: want a mapping, got str"}},
 		{"descriptors_map.bad.yaml", []string{":3: descriptors: want a list of descriptors, got a mapping"}},
 		{"share_threshold_no_wildcard.bad.yaml", []string{":5: descriptors[0].share_threshold: share_threshold needs a wildcard value"}},
+		{"request_id_valued.bad.yaml", []string{":5: descriptors[0].request_id: request_id needs a key-only level that holds the rate_limit"}},
 		{"multi_doc.bad.yaml", []string{":7: descriptors[0].key: missing or empty key"}},
 		{"unlimited_lease.bad.yaml", []string{":6: descriptors[0].rate_limit.lease: an unlimited rule has nothing to lease"}},
 		{"rejected_hits_unknown.bad.yaml", []string{`:4: descriptors[0].rate_limit.rejected_hits: unknown rejected_hits "all" (want usage or nothing)`}},
@@ -411,5 +413,33 @@ func TestLevels(t *testing.T) {
 	var none *Rule
 	if l := none.Levels(2); l[0] != nil || l[1] != nil {
 		t.Errorf("levels of no rule: %+v", l)
+	}
+}
+
+// TestRequestIDLevels: a level marked request_id loads as one; a limit
+// on every value of a key named like a request id without the mark
+// counts each request alone, and the load warns so.
+func TestRequestIDLevels(t *testing.T) {
+	const body = "domain: d\ndescriptors:\n  - key: user\n    descriptors:\n      - key: %s\n%s        rate_limit: {unit: hour, requests_per_unit: 10}\n"
+	for _, tc := range []struct {
+		key, extra string
+		warn       bool
+	}{
+		{"x-request-id", "", true},
+		{"request_id", "", true},
+		{"x-request-id", "        request_id: true\n", false},
+		{"model", "", false},
+	} {
+		snap, err := Parse("rules.yaml", []byte(fmt.Sprintf(body, tc.key, tc.extra)))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.key, err)
+		}
+		w := snap.Warnings()
+		if got := len(w) == 1 && strings.Contains(w[0], "request_id: true") && strings.Contains(w[0], "rules.yaml:5"); got != tc.warn {
+			t.Errorf("key %q, request_id %v: warnings %q, want one naming request_id: %v", tc.key, tc.extra != "", w, tc.warn)
+		}
+		if r := snap.Domain("d").Match(entries("user", "u", tc.key, "abc")); r == nil || r.RequestID != (tc.extra != "") {
+			t.Errorf("key %q: matched %+v", tc.key, r)
+		}
 	}
 }

@@ -140,7 +140,7 @@ var (
 	DomainFields     = []string{"domain", "descriptors", "name", "rlqs"}
 	RLQSFields       = []string{"descriptor_keys"}
 	DescriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric",
-		"value_to_metric", "share_threshold", "metadata", "failure_mode"}
+		"value_to_metric", "share_threshold", "metadata", "failure_mode", "request_id"}
 	RateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst",
 		"unit_multiplier", "lease", "rejected_hits", "calendar"}
 	ReplacesFields = []string{"name"}
@@ -371,6 +371,10 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 	r.ShareThreshold = p.boolean(f["share_threshold"], path+".share_threshold")
 	if r.ShareThreshold && r.wildcard == nil {
 		p.errorf(f["share_threshold"], path+".share_threshold", "share_threshold needs a wildcard value (containing '*'), got %q", r.Value)
+	}
+	r.RequestID = p.boolean(f["request_id"], path+".request_id")
+	if r.RequestID && (r.Value != "" || f["rate_limit"] == nil) {
+		p.errorf(f["request_id"], path+".request_id", "request_id needs a key-only level that holds the rate_limit: its value is each request's id, the last entry of the descriptor")
 	}
 	if v, ok := f["failure_mode"]; ok {
 		if s, ok := p.str(v, path+".failure_mode"); ok {

@@ -341,6 +341,14 @@ muts = [
     ("317 a plain charge not recorded when over","internal/limit/limit.go","(c.Kind == ByHits || c.Kind == PlainCharge) && c.Hits > 0","c.Kind == ByHits && c.Hits > 0","./internal/service","TestBudgetsOff"),
     ("318 the script's plain charge not recorded when over","internal/redisstore/scripts/decide.lua","(kind == BY_HITS or kind == PLAIN_CHARGE) and h > 0","kind == BY_HITS and h > 0","./internal/service","TestBudgetsOff"),
     ("319 the peek mark never serves the next window","internal/limit/limit.go","avg, k, dur, peek := st.Avg, st.Charges, st.DurMS, st.Peek","avg, k, dur, peek := st.Avg, st.Charges, st.DurMS, false","./internal/limit","TestPeeks"),
+    ("322 a paired stream end taken for a check","internal/limit/budget.go","\tif paired(c, st) {\n\t\treturn budgetCharge\n\t}\n","","./internal/service","TestPairedStreamEnds"),
+    ("323 the script takes a paired stream end for a check","internal/redisstore/scripts/decide.lua","  if pms > 0 then return 2 end\n","","./internal/service","TestPairedStreamEnds"),
+    ("324 a paired charge ends another check's flight","internal/limit/budget.go","\t\tif st.PairFlew {\n\t\t\tst.Flights = endAt(st.Flights, st.PairMS)","\t\tif st.PairFlew {\n\t\t\tst.Flights = endAt(st.Flights, st.PairMS+1000)","./internal/service","TestPairedStreamEnds"),
+    ("325 the request id part of the counter","internal/service/plan.go","\tif it.rule != nil && it.rule.RequestID {\n\t\treturn ents[:len(ents)-1]","\tif false {\n\t\treturn ents[:len(ents)-1]","./internal/service","TestPairedStreamEnds"),
+    ("326 the script's pair never kept","internal/redisstore/scripts/decide.lua","  redis.call('SET', pk, v, 'PX', px(nowms * 1000 + fsec[q] * 1000000 + GRACE))\n","","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ("327 the script's pair kept past the usage timeout","internal/redisstore/scripts/decide.lua","tonumber(sm) * 1000 + fsec[q] * 1000000 >= now then","tonumber(sm) > 0 then","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ("328 no warning for a request id level without request_id","config/config.go","!r.RequestID && looksLikeRequestID(r.Key)","!r.RequestID && false","./config","TestRequestIDLevels"),
+    ("329 a paired counter keeps flights twice its longest stream","internal/limit/budget.go","if c.PairID != \"\" && st.Charges >= AvgCharges {","if false {","./internal/limit","TestPairedHorizon"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -52,6 +52,12 @@ func FlightMS(c *Check, st *State) int64 {
 	d := int64(ColdFlightMS)
 	if st.DurMS > 0 {
 		d = max(2*st.DurMS, MinFlightMS)
+		if c.PairID != "" && st.Charges >= AvgCharges {
+			// Paired: the duration is the longest stream's own, not a
+			// guess, once enough streams have ended to have met the long
+			// ones.
+			d = max(st.DurMS+st.DurMS/4, MinFlightMS)
+		}
 	}
 	return min(d, c.FlightS*1000)
 }
@@ -73,6 +79,9 @@ const (
 // charge) until that cold start runs out without a charge (Peek: it was
 // a peek, and is a read from then on).
 func role(c *Check, st *State) budgetRole {
+	if paired(c, st) {
+		return budgetCharge
+	}
 	switch c.Kind {
 	case ZeroCharge:
 		return budgetCharge
@@ -91,6 +100,49 @@ func role(c *Check, st *State) budgetRole {
 		return budgetCheck
 	}
 	return budgetNone
+}
+
+// paired reports a usage call whose request was admitted before: the
+// request's stream end, a charge whatever its hits.
+func paired(c *Check, st *State) bool {
+	return c.PairID != "" && st.PairMS > 0 && c.Usage && !c.Refund && c.Algorithm == FixedWindow
+}
+
+// landPaired takes a paired stream end's charge of hits: the stream's
+// duration is exactly its age, and the flight it ends its own check's
+// (if that went in flight and has not expired). A charge whose request is
+// not known (its check was admitted more than FlightS ago, or never)
+// ends nothing: every flight still held is another request's.
+func landPaired(st *State, now int64, hits uint64) {
+	if st.PairMS > 0 {
+		age := max(now/1000-st.PairMS, 1)
+		st.DurMS = max(age, st.DurMS-st.DurMS/32)
+		if st.PairFlew {
+			st.Flights = endAt(st.Flights, st.PairMS)
+		}
+	}
+	st.PairMS, st.PairFlew = 0, false
+	learnUsage(st, hits)
+}
+
+// endAt ends one flight of the bucket holding checks admitted at ms, if
+// any is left. The slice may be shared with a stored state.
+func endAt(fl []Flight, ms int64) []Flight {
+	for i, f := range fl {
+		if f.FirstMS <= ms && ms <= f.LastMS {
+			out := slices.Clone(fl)
+			if out[i].N > 1 {
+				out[i].N--
+				return out
+			}
+			out = slices.Delete(out, i, i+1)
+			if len(out) == 0 {
+				out = nil
+			}
+			return out
+		}
+	}
+	return fl
 }
 
 // budgetOver reports whether a budget check of hits (its cost) is over:
@@ -211,6 +263,11 @@ func land(st *State, now int64, hits uint64) {
 		}
 		st.Flights = fl
 	}
+	learnUsage(st, hits)
+}
+
+// learnUsage moves the usage per check toward a charge of hits.
+func learnUsage(st *State, hits uint64) {
 	st.Charges = min(st.Charges+1, AvgCharges)
 	h := hits * AvgScale
 	if h >= st.Avg {
@@ -252,4 +309,15 @@ func retryUS(c *Check, st *State, now int64) int64 {
 	}
 	at := (st.Flights[0].LastMS + FlightMS(c, st) + 1) * 1000
 	return max(min(at, st.End)-now, 0)
+}
+
+// PairExpireUS returns when a check's pair key, holding st's PairMS, is
+// of no more use (µs), or 0 when it should be deleted: a request's end
+// may come up to FlightS after its admission, and then still teaches
+// the stream's duration.
+func PairExpireUS(c *Check, st *State) int64 {
+	if st.PairMS == 0 {
+		return 0
+	}
+	return st.PairMS*1000 + c.FlightS*1_000_000 + GraceUS
 }

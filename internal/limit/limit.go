@@ -71,6 +71,13 @@ type Check struct {
 	// starts the counter from the incumbent's count the first time it
 	// writes it in a window. Empty: nothing to carry.
 	Incumbent string
+	// PairID is the request's id on a fixed window's usage call (a rule's
+	// request_id level, Envoy's x-request-id): the store keeps when that
+	// request's call was admitted under it (State.PairMS), so that its
+	// next call, the stream end, is known as one whatever its hits, ends
+	// the check's own flight and teaches the stream's exact duration.
+	// Empty: no pairing.
+	PairID string
 	// Calendar makes a fixed window a calendar period: the UTC month or
 	// year holding now. WindowUS is then the longest such period
 	// (CalendarMonthUS or CalendarYearUS), for keys and TTLs.
@@ -230,6 +237,13 @@ type State struct {
 	// 0 on it is then a read (a peek), not a budget check, until a charge
 	// makes it a budget. It serves the next window as Avg does.
 	Peek bool
+	// PairMS is when the request named by the check's PairID was
+	// admitted (Unix ms; 0: none known), and PairFlew whether its check
+	// went in flight then. Stores keep them under the pair's own key (see
+	// [PairExpireUS]) and fill them in whether or not the counter was
+	// found.
+	PairMS   int64
+	PairFlew bool
 }
 
 // Flight is a bucket of in-flight budget checks: N of them, admitted
@@ -297,7 +311,7 @@ func Decide(checks []Check, states []State, found []bool, nowUS int64, results [
 	for i := range checks {
 		c := &checks[i]
 		if !found[i] {
-			states[i] = State{}
+			states[i] = State{PairMS: states[i].PairMS, PairFlew: states[i].PairFlew}
 		}
 		states[i] = normalize(c, states[i], nowUS)
 		results[i].Over = !c.Refund && over(c, &states[i], nowUS, c.SaturatedHits())
@@ -307,9 +321,9 @@ func Decide(checks []Check, states []State, found []bool, nowUS int64, results [
 	}
 	for i := range checks {
 		c := &checks[i]
-		// A usage charge is recorded whatever the decision; a budget
-		// check admitted goes in flight.
-		consume := admitted && !results[i].Over && !c.Refund || c.Charge()
+		// A usage charge is recorded whatever the decision (a paired
+		// stream end too); a budget check admitted goes in flight.
+		consume := admitted && !results[i].Over && !c.Refund || c.Charge() || paired(c, &states[i])
 		apply(c, &states[i], nowUS, consume)
 		results[i].Remaining, results[i].ResetUS, expire[i] = report(c, &states[i], nowUS)
 		if c.HeldByFlights(results[i]) {
@@ -345,9 +359,12 @@ func normalize(c *Check, st State, now int64) State {
 			if st.End != start {
 				avg, k, dur, peek = 0, 0, 0, false
 			}
-			st = State{End: end, Avg: avg, Charges: k, DurMS: dur, Flights: st.Flights, Peek: peek}
+			st = State{End: end, Avg: avg, Charges: k, DurMS: dur, Flights: st.Flights, Peek: peek, PairMS: st.PairMS, PairFlew: st.PairFlew}
 		}
 		expireFlights(c, &st, now)
+		if st.PairMS > 0 && (c.PairID == "" || st.PairMS*1000+c.FlightS*1_000_000 < now) {
+			st.PairMS, st.PairFlew = 0, false
+		}
 	}
 	return st
 }
@@ -421,13 +438,18 @@ func apply(c *Check, st *State, now int64, consume bool) {
 		case consume:
 			st.Count = min(st.Count+hits, maxCount(c.Algorithm))
 		}
-		if consume {
-			switch rl {
-			case budgetCheck:
-				fly(c, st, now)
-			case budgetCharge:
-				land(st, now, hits)
-			}
+		switch {
+		case !consume:
+		case rl == budgetCharge && c.PairID != "":
+			landPaired(st, now, hits)
+		case rl == budgetCharge:
+			land(st, now, hits)
+		case rl == budgetCheck:
+			fly(c, st, now)
+		}
+		if consume && rl != budgetCharge && c.PairID != "" && c.Usage && !c.Refund && c.Algorithm == FixedWindow {
+			// The request's first call, admitted: its next is its end.
+			st.PairMS, st.PairFlew = now/1000, rl == budgetCheck
 		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"testing"
 )
 
@@ -29,27 +28,50 @@ import (
 //
 //	go test -run XXX -bench BudgetTraffic ./internal/limit/ -args -traffic.seed 9
 func BenchmarkBudgetTraffic(b *testing.B) {
-	for _, sc := range []trafficScenario{
-		{streams: 8, failRate: 0.1, budget: 1_000_000},
-		{streams: 8, failRate: 0.1, zeroEnd: true, budget: 1_000_000},
-		{streams: 64, failRate: 0.1, budget: 1_000_000},
-		{streams: 64, failRate: 0.1, zeroEnd: true, budget: 1_000_000},
-		{streams: 64, budget: 1_000_000},
-		{streams: 256, budget: 1_000_000},
-		{streams: 64, budget: 100_000},
-		{streams: 64, budget: 1_000_000, scale: 10},
-		{streams: 256, budget: 1_000_000, scale: 10},
-		{streams: 8, failRate: 0.1, budget: 1_000_000, exact: true},
-		{streams: 64, failRate: 0.1, budget: 1_000_000, exact: true},
-	} {
-		b.Run(sc.String(), func(b *testing.B) {
-			var worstUsage, worstFalse float64
-			for i := range b.N {
-				usage, falsePct := sc.run(uint64(i%8 + *trafficSeed))
-				worstUsage, worstFalse = max(worstUsage, usage), max(worstFalse, falsePct)
+	var scenarios []trafficScenario
+	for _, scale := range []int64{1, 10} {
+		for _, streams := range []int{8, 64} {
+			for _, zero := range []bool{false, true} {
+				for _, pair := range []bool{false, true} {
+					for _, sdk := range []bool{false, true} {
+						scenarios = append(scenarios, trafficScenario{streams: streams, failRate: 0.1, zeroEnd: zero, budget: 1_000_000, scale: scale, pairID: pair, sdk: sdk})
+					}
+				}
 			}
-			b.ReportMetric(worstUsage, "x_budget")
-			b.ReportMetric(worstFalse, "%false")
+		}
+	}
+	scenarios = append(scenarios,
+		trafficScenario{streams: 64, budget: 1_000_000},
+		trafficScenario{streams: 256, budget: 1_000_000},
+		trafficScenario{streams: 64, budget: 1_000_000, pairID: true},
+		trafficScenario{streams: 256, budget: 1_000_000, pairID: true},
+		trafficScenario{streams: 64, budget: 100_000},
+		trafficScenario{streams: 64, budget: 100_000, pairID: true},
+		trafficScenario{streams: 64, budget: 1_000_000, scale: 10},
+		trafficScenario{streams: 256, budget: 1_000_000, scale: 10},
+		trafficScenario{streams: 256, budget: 1_000_000, scale: 10, pairID: true},
+		trafficScenario{streams: 8, failRate: 0.1, budget: 1_000_000, exact: true},
+		trafficScenario{streams: 64, failRate: 0.1, budget: 1_000_000, exact: true},
+	)
+	for _, sc := range scenarios {
+		b.Run(sc.String(), func(b *testing.B) {
+			var worst trafficResult
+			for i := range b.N {
+				r := sc.run(uint64(i%8 + *trafficSeed))
+				worst.usage, worst.falsePct = max(worst.usage, r.usage), max(worst.falsePct, r.falsePct)
+				worst.blockedPerStream = max(worst.blockedPerStream, r.blockedPerStream)
+				worst.longestBlock = max(worst.longestBlock, r.longestBlock)
+				worst.gaveUp = max(worst.gaveUp, r.gaveUp)
+				worst.horizon = max(worst.horizon, r.horizon)
+			}
+			b.ReportMetric(worst.usage, "x_budget")
+			b.ReportMetric(worst.falsePct, "%false")
+			b.ReportMetric(worst.blockedPerStream, "s_blocked/stream")
+			b.ReportMetric(worst.longestBlock, "s_longest_block")
+			b.ReportMetric(worst.horizon, "s_horizon")
+			if sc.sdk {
+				b.ReportMetric(float64(worst.gaveUp), "false_giveups")
+			}
 		})
 	}
 }
@@ -63,7 +85,22 @@ type trafficScenario struct {
 	zeroEnd  bool // a failed stream ends with a call of 0 hits alone, else none
 	budget   uint64
 	exact    bool  // the store knows which check a charge ends
+	pairID   bool  // each stream's calls carry its request id (Check.PairID)
+	sdk      bool  // a refused request is retried as OpenAI's SDK does: after ~0.5 s, ~1 s, then given up
 	scale    int64 // streams this many times longer, the run too (0: 1)
+}
+
+// trafficResult is what one run measured: the usage let through (x the
+// budget), the false refusals (% of checks refused although the budget,
+// with every admitted stream's tokens charged, would have covered the
+// stream), the time streams were so refused (s, over the streams; a
+// refusal counts until the stream's next call), the longest such block
+// (s, from a false refusal to the next admission or true refusal), the
+// requests an SDK client gave up on while the budget could cover them,
+// and the horizon learned at the end (s).
+type trafficResult struct {
+	usage, falsePct, blockedPerStream, longestBlock, horizon float64
+	gaveUp                                                   int
 }
 
 func (sc trafficScenario) String() string {
@@ -72,10 +109,16 @@ func (sc trafficScenario) String() string {
 		shape = "zero"
 	}
 	pair := "envoy"
-	if sc.exact {
+	switch {
+	case sc.exact:
 		pair = "exact"
+	case sc.pairID:
+		pair = "request_id"
 	}
 	name := fmt.Sprintf("streams=%d/fail=%.0f%%/end=%s/budget=%d/pair=%s", sc.streams, 100*sc.failRate, shape, sc.budget, pair)
+	if sc.sdk {
+		name += "/retry=sdk"
+	}
 	if sc.scale > 1 {
 		name += fmt.Sprintf("/longer=%dx", sc.scale)
 	}
@@ -90,6 +133,8 @@ type trafficEvent struct {
 	size   uint64
 	fail   bool
 	admit  int64 // ms: when its check went in flight
+	id     int   // the request's id, for pairID
+	tries  int   // sdk: the request's refusals so far
 }
 
 type trafficQueue []trafficEvent
@@ -105,10 +150,8 @@ func (q *trafficQueue) Pop() any {
 	return x
 }
 
-// run plays the scenario for 8 s (times its scale) from a window's start
-// and returns the usage let through (x the budget) and the false refusals
-// (% of checks).
-func (sc trafficScenario) run(seed uint64) (usage, falsePct float64) {
+// run plays the scenario for 8 s (times its scale) from a window's start.
+func (sc trafficScenario) run(seed uint64) trafficResult {
 	const (
 		lat    = 1_000     // µs each way
 		retry  = 50_000    // µs after a refusal
@@ -120,74 +163,114 @@ func (sc trafficScenario) run(seed uint64) (usage, falsePct float64) {
 	base := int64(1_000_000 * window) // a window's start
 	c := Check{Key: "k", Limit: sc.budget, WindowUS: window, Usage: true, FlightS: 300}
 	st, found := State{}, false
-	decide := func(now int64, hits uint64) bool {
+	type pairState struct {
+		ms   int64
+		flew bool
+	}
+	pairs := map[int]pairState{}
+	decide := func(now int64, hits uint64, id int) bool {
 		ch, sts := []Check{c}, []State{st}
 		ch[0].Hits = hits
+		if sc.pairID {
+			ch[0].PairID = fmt.Sprint(id)
+			p := pairs[id]
+			sts[0].PairMS, sts[0].PairFlew = p.ms, p.flew
+		}
 		ok := Decide(ch, sts, []bool{found}, now, make([]Result, 1), make([]int64, 1))
+		if sc.pairID {
+			if sts[0].PairMS > 0 {
+				pairs[id] = pairState{sts[0].PairMS, sts[0].PairFlew}
+			} else {
+				delete(pairs, id)
+			}
+			sts[0].PairMS, sts[0].PairFlew = 0, false
+		}
 		st, found = sts[0], true
 		return ok
 	}
 	var charged, inflight uint64
-	var checks, falseRef int
+	var checks, falseRef, gaveUp, nextID int
+	var blocked, longest int64
+	blockSince := make([]int64, sc.streams) // µs: a false block's start, or 0
 	q := &trafficQueue{}
 	for i := range sc.streams {
 		heap.Push(q, trafficEvent{at: base + int64(rng.IntN(1000)), stream: i})
+	}
+	endBlock := func(i int, at int64) {
+		if blockSince[i] > 0 {
+			longest = max(longest, at-blockSince[i])
+			blockSince[i] = 0
+		}
 	}
 	for q.Len() > 0 {
 		e := heap.Pop(q).(trafficEvent)
 		if !e.end {
 			if e.at-base > length*scale {
+				endBlock(e.stream, e.at)
 				continue
 			}
 			size := uint64(1000 + rng.IntN(3001))
 			dur := int64(20_000+rng.IntN(180_001)) * scale
 			fail := rng.Float64() < sc.failRate
 			held := st.Flights
-			ok := decide(e.at+lat, 0)
+			nextID++
+			ok := decide(e.at+lat, 0, nextID)
 			checks++
 			if !ok {
-				if charged+inflight+size <= sc.budget {
-					falseRef++
+				wait := int64(retry)
+				if sc.sdk {
+					// OpenAI's SDK: 0.5 s, then 1 s, less up to a quarter
+					// of jitter; then the request is given up.
+					wait = int64(500_000<<e.tries) - rng.Int64N(125_000<<e.tries)
 				}
-				heap.Push(q, trafficEvent{at: e.at + 2*lat + retry, stream: e.stream})
+				covered := charged+inflight+size <= sc.budget
+				if covered {
+					falseRef++
+					blocked += 2*lat + wait
+					if blockSince[e.stream] == 0 {
+						blockSince[e.stream] = e.at
+					}
+				} else {
+					endBlock(e.stream, e.at)
+				}
+				next := trafficEvent{at: e.at + 2*lat + wait, stream: e.stream, tries: e.tries + 1}
+				if sc.sdk && e.tries == 2 {
+					if covered {
+						gaveUp++
+					}
+					next.tries = 0
+				}
+				heap.Push(q, next)
 				continue
 			}
+			endBlock(e.stream, e.at)
 			if sc.exact && fail {
 				st.Flights = held // never in flight: its charge never comes
 			}
 			inflight += size
-			heap.Push(q, trafficEvent{at: e.at + 2*lat + dur, stream: e.stream, end: true, size: size, fail: fail, admit: (e.at + lat) / 1000})
+			heap.Push(q, trafficEvent{at: e.at + 2*lat + dur, stream: e.stream, end: true, size: size, fail: fail, admit: (e.at + lat) / 1000, id: nextID})
 			continue
 		}
 		inflight -= e.size
 		switch {
 		case !e.fail:
 			held := st.Flights
-			decide(e.at+lat, e.size)
+			decide(e.at+lat, e.size, e.id)
 			if sc.exact {
-				st.Flights = endOwn(held, e.admit)
+				st.Flights = endAt(held, e.admit)
 			}
 			charged += e.size
 		case sc.zeroEnd && !sc.exact:
-			decide(e.at+lat, 0) // alone in its request: a check
+			decide(e.at+lat, 0, e.id) // alone in its request
 		}
 		heap.Push(q, trafficEvent{at: e.at + 2*lat, stream: e.stream})
 	}
-	return float64(charged) / float64(sc.budget), 100 * float64(falseRef) / float64(max(checks, 1))
-}
-
-// endOwn ends the flight of the check admitted at admitMS, where the
-// store has guessed (pair=exact).
-func endOwn(fl []Flight, admitMS int64) []Flight {
-	for i, f := range fl {
-		if f.FirstMS <= admitMS && admitMS <= f.LastMS {
-			out := slices.Clone(fl)
-			if out[i].N > 1 {
-				out[i].N--
-				return out
-			}
-			return slices.Delete(out, i, i+1)
-		}
+	return trafficResult{
+		usage:            float64(charged) / float64(sc.budget),
+		falsePct:         100 * float64(falseRef) / float64(max(checks, 1)),
+		blockedPerStream: float64(blocked) / 1e6 / float64(sc.streams),
+		longestBlock:     float64(longest) / 1e6,
+		horizon:          float64(FlightMS(&c, &st)) / 1000,
+		gaveUp:           gaveUp,
 	}
-	return fl // expired already
 }

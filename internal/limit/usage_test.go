@@ -538,3 +538,50 @@ func TestUsageMeanFollowsCharges(t *testing.T) {
 		t.Fatalf("mean %v after usage fell to 10, want it followed", float64(st.Avg)/AvgScale)
 	}
 }
+
+// TestPairedHorizon: a counter whose streams end paired (a request id)
+// learns their exact duration, and once AvgCharges of them have taught
+// it, keeps a check in flight for 1.25 times it instead of twice; a
+// paired stream end ends its own check's flight, not the oldest.
+func TestPairedHorizon(t *testing.T) {
+	b := newBudget(t, 1<<40)
+	b.c.FlightS = 60
+	pairMS, flew := int64(0), false
+	call := func(id string, hits uint64) {
+		c := []Check{b.c}
+		c[0].Hits, c[0].PairID = hits, id
+		b.st[0].PairMS, b.st[0].PairFlew = pairMS, flew
+		decide(b.t, c, b.st, b.found, b.now)
+		pairMS, flew = b.st[0].PairMS, b.st[0].PairFlew
+	}
+	for i := range AvgCharges {
+		call(fmt.Sprint(i), 0)
+		if i == 0 && (pairMS == 0 || !flew) {
+			t.Fatalf("a paired check: pair %d, flew %v", pairMS, flew)
+		}
+		b.ms(1000)
+		call(fmt.Sprint(i), 1000)
+		if pairMS != 0 {
+			t.Fatalf("a paired stream end left its pair: %d", pairMS)
+		}
+		if i == 0 && b.state().DurMS != 1000 {
+			t.Fatalf("duration %d ms after a 1 s stream, want 1000", b.state().DurMS)
+		}
+	}
+	c := b.c
+	c.PairID = "x"
+	if got := FlightMS(&c, b.state()); got != 1250 {
+		t.Fatalf("paired horizon %d ms, want 1250 (unpaired %d)", got, FlightMS(&b.c, b.state()))
+	}
+	// Two checks 500 ms apart; the younger's end ends its own flight.
+	call("old", 0)
+	oldMS := b.state().Flights[len(b.state().Flights)-1].FirstMS
+	pairMS, flew = 0, false
+	b.ms(500)
+	call("young", 0)
+	b.ms(100)
+	call("young", 1000)
+	if fl := b.state().Flights; len(fl) != 1 || fl[0].FirstMS != oldMS {
+		t.Fatalf("flights %+v, want only the old check's (admitted at %d)", fl, oldMS)
+	}
+}

@@ -74,12 +74,27 @@ func (s *Store) Evaluate(_ context.Context, checks []limit.Check) ([]limit.Resul
 		if ctr, ok := s.shards[idx[i]].counters[c.Key]; ok && ctr.expireAt > now {
 			states[i], found[i] = ctr.state, true
 		}
+		// A request's pair lives beside its counter, in its shard.
+		states[i].PairMS, states[i].PairFlew = 0, false
+		if c.PairID != "" {
+			if p, ok := s.shards[idx[i]].counters[pairKey(c)]; ok && p.expireAt > now {
+				states[i].PairMS, states[i].PairFlew = p.state.PairMS, p.state.PairFlew
+			}
+		}
 	}
 	results := make([]limit.Result, len(checks))
 	expire := make([]int64, len(checks))
 	limit.Decide(checks, states, found, now, results, expire)
 	for i, c := range checks {
 		sh := &s.shards[idx[i]]
+		if c.PairID != "" {
+			if at := limit.PairExpireUS(&c, &states[i]); at == 0 {
+				delete(sh.counters, pairKey(c))
+			} else {
+				sh.counters[pairKey(c)] = counter{state: limit.State{PairMS: states[i].PairMS, PairFlew: states[i].PairFlew}, expireAt: at}
+			}
+			states[i].PairMS, states[i].PairFlew = 0, false
+		}
 		if expire[i] == 0 {
 			delete(sh.counters, c.Key)
 		} else {
@@ -91,6 +106,10 @@ func (s *Store) Evaluate(_ context.Context, checks []limit.Check) ([]limit.Resul
 	}
 	return results, nil
 }
+
+// pairKey is where a request's pair is kept: beside its counter's key,
+// behind a NUL no counter key holds.
+func pairKey(c limit.Check) string { return c.Key + "\x00pair\x00" + c.PairID }
 
 // Len drops expired counters and returns the number of live ones, for
 // tests and metrics.

@@ -443,7 +443,7 @@ func (s *Store) sendSlots(ctx context.Context, b *batcher, live []*call) {
 				res, err = s.script.Eval(ctx, s.cluster, g.keys, g.args...).Result()
 			}
 		}
-		vals, err := checkReply(res, err, len(g.keys))
+		vals, err := checkReply(res, err, counterKeys(requests(g.calls)))
 		s.deliver(ctx, g.calls, len(live), vals, err)
 	}
 }

@@ -452,7 +452,14 @@ func TestBudgetMatchesMemstore(t *testing.T) {
 				continue
 			}
 			seen[key] = true
-			c := limit.Check{Key: key, Limit: limits[li], WindowUS: 60e6, Usage: true, FlightS: 1 + rng.Int64N(20),
+			// --usage-timeout (FlightS) varies from call to call, but a
+			// request's two calls share it, as a process's do.
+			flightS := 1 + rng.Int64N(20)
+			if rng.IntN(2) == 0 {
+				// A request id: its second call is its stream end.
+				flightS = 3 + int64(li)
+			}
+			c := limit.Check{Key: key, Limit: limits[li], WindowUS: 60e6, Usage: true, FlightS: flightS,
 				Kind: limit.UsageKind(rng.IntN(4))}
 			switch c.Kind {
 			case limit.ByHits:
@@ -463,6 +470,9 @@ func TestBudgetMatchesMemstore(t *testing.T) {
 				c.Hits = uint64(1 + rng.IntN(3))
 			case limit.PlainCharge:
 				c.Hits = uint64(1 + rng.IntN(3000))
+			}
+			if flightS == 3+int64(li) {
+				c.PairID = fmt.Sprintf("r%d", rng.IntN(4))
 			}
 			checks = append(checks, c)
 		}

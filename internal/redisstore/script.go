@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -65,14 +66,26 @@ func (s *Store) runOn(ctx context.Context, c redis.Scripter, reqs [][]limit.Chec
 		s.m.ScriptReload()
 		res, err = s.script.Eval(ctx, c, keys, args...).Result()
 	}
-	return checkReply(res, err, len(keys))
+	return checkReply(res, err, counterKeys(reqs))
+}
+
+// counterKeys is the number of counter keys of requests: the script
+// answers three values for each (and none for their pair keys).
+func counterKeys(reqs [][]limit.Check) int {
+	n := 0
+	for _, r := range reqs {
+		n += len(r)
+	}
+	return n
 }
 
 // scriptArgs lays requests out as the script's keys and arguments: the
 // requests' distinct rules go once each, and every key refers to its rule
 // in one number with its hits and flags (see scripts/decide.lua), which
-// leaves room for 2^14 rules per call; the dispatcher keeps a batch far
+// leaves room for 2^13 rules per call; the dispatcher keeps a batch far
 // below that (maxBatchKeys), and a single request beyond it is refused.
+// The pair keys of checks that carry a request id follow the counter
+// keys, in the checks' order.
 func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	// ones: one key a request, the common batch: the script is told so
 	// by a negative count of requests, and reads no count per request.
@@ -89,6 +102,7 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	var index map[rule]int
 	perKey := make([]any, 0, nkeys)
 	var big []any
+	var pairs []string
 	for _, r := range reqs {
 		for _, c := range r {
 			keys = append(keys, c.Key)
@@ -124,6 +138,10 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 			if c.Usage {
 				flags |= flagUsage + int(c.Kind)*kindUnit
 			}
+			if c.PairID != "" {
+				flags |= flagPair
+				pairs = append(pairs, pairKey(c.Key, c.PairID))
+			}
 			hits := c.SaturatedHits()
 			if hits >= bigHits {
 				// Packed, the hits would leave a double's exact range:
@@ -148,7 +166,8 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	for _, ru := range rules {
 		args = append(args, ru.limit, ru.windowUS, int64(ru.algorithm)+calendarUnit*int64(ru.calendar)+flightUnit*ru.flightS, ru.burst)
 	}
-	return keys, append(append(args, perKey...), big...), nil
+	args = append(args, len(pairs))
+	return append(keys, pairs...), append(append(args, perKey...), big...), nil
 }
 
 // bigHits are hits too large to pack with a key's rule and flags.
@@ -160,21 +179,22 @@ const bigHits = 1 << 32
 // kind*kindUnit; a rule's third argument is algorithm +
 // calendar*calendarUnit + FlightS*flightUnit.
 const (
-	hitsShift    = 20 // HITS_UNIT = 2^20
-	ruleUnit     = 64 // RULE_UNIT
-	kindUnit     = 16 // KIND_UNIT
-	flagRefund   = 1  // FLAG_REFUND
-	flagNoVeto   = 2  // FLAG_NO_VETO: shadow
-	flagUsage    = 4  // FLAG_USAGE: a rule that takes usage after the fact
-	flagBig      = 8  // FLAG_BIG: the hits follow the keys' values
-	calendarUnit = 4  // CALENDAR_UNIT
-	flightUnit   = 16 // FLIGHT_UNIT
+	hitsShift    = 20  // HITS_UNIT = 2^20
+	ruleUnit     = 128 // RULE_UNIT
+	kindUnit     = 16  // KIND_UNIT
+	flagRefund   = 1   // FLAG_REFUND
+	flagNoVeto   = 2   // FLAG_NO_VETO: shadow
+	flagUsage    = 4   // FLAG_USAGE: a rule that takes usage after the fact
+	flagBig      = 8   // FLAG_BIG: the hits follow the keys' values
+	flagPair     = 64  // FLAG_PAIR: the check carries a request id; its pair key follows the counter keys
+	calendarUnit = 4   // CALENDAR_UNIT
+	flightUnit   = 16  // FLIGHT_UNIT
 )
 
 // maxRules bounds the distinct rules of one script call (see scriptArgs);
 // beyond scanRules, scriptArgs finds them through a map.
 const (
-	maxRules  = 1<<14 - 1
+	maxRules  = 1<<13 - 1
 	scanRules = 8
 )
 
@@ -231,3 +251,27 @@ func splitReply(vals []any, k0, n int) ([]any, error) {
 // isNoScript reports that Redis had lost the script (a restart, SCRIPT
 // FLUSH, a failover).
 func isNoScript(err error) bool { return redis.HasErrorPrefix(err, "NOSCRIPT") }
+
+// pairKey is the key that keeps when the request named id was admitted
+// on the counter key: in the counter's hash slot (a hash tag of that slot
+// leads it, whatever braces the counter key holds), so one script call
+// takes both on Redis Cluster.
+func pairKey(key, id string) string {
+	return "{" + slotTag(slot(key)) + "}" + key + "|pair|" + id
+}
+
+// slotTags holds, for each hash slot, a short tag that hashes to it.
+var slotTags = sync.OnceValue(func() []string {
+	tags := make([]string, 16384)
+	left := len(tags)
+	for n := 0; left > 0; n++ {
+		t := strconv.Itoa(n)
+		if sl := slot(t); tags[sl] == "" {
+			tags[sl] = t
+			left--
+		}
+	}
+	return tags
+})
+
+func slotTag(sl int) string { return slotTags()[sl] }

@@ -166,6 +166,9 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item, sc *scr
 			c = len(checks)
 			checks = append(checks, limit.Check{Key: key, Limit: it.rpu, WindowUS: it.windowUS, NoVeto: noVeto,
 				Algorithm: it.algo, Burst: it.burst, Lease: it.lease, Usage: it.usage, Kind: it.ukind, Calendar: it.calendar, FlightS: s.flightS})
+			if it.usage && it.algo == limit.FixedWindow {
+				checks[c].PairID = it.pairID
+			}
 			if s.opts.CarryIncumbent && it.algo == limit.FixedWindow && it.calendar == limit.NoCalendar && it.mult <= 1 && !it.lease {
 				checks[c].Incumbent = s.incumbentKey(req.GetDomain(), descs[i].GetEntries(), it)
 			}

@@ -227,3 +227,49 @@ func TestMixedShapes(t *testing.T) {
 		}
 	})
 }
+
+// pairedShapes is a budget per user whose descriptor ends with the
+// request's id (Envoy's request_headers action on x-request-id).
+const pairedShapes = `
+domain: ai
+descriptors:
+  - key: user
+    descriptors:
+      - key: x-request-id
+        request_id: true
+        rate_limit: {unit: hour, requests_per_unit: 10000}
+`
+
+// TestPairedStreamEnds: with the request's id in its descriptors, every
+// request shares the user's counter, and a request's second call is its
+// stream end whatever its hits: a stream end of 0 (a failed or empty
+// stream) or of 1 ends its own check's flight at once instead of holding
+// the budget as another check would, and counts as a charge.
+func TestPairedStreamEnds(t *testing.T) {
+	clockedWith(t, pairedShapes, service.Options{}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		req := func(id string, hits uint64) *rlsv3.RateLimitRequest {
+			return aiRequest(tokens(hits, "user", "u", "x-request-id", id))
+		}
+		okay(t, s, "r1's check", req("r1", 0), true)
+		advance(100 * time.Millisecond)
+		call(t, s, req("r1", 2500))
+		okay(t, s, "r2's check", req("r2", 0), true)
+		advance(50 * time.Millisecond)
+		call(t, s, req("r2", 0)) // r2's stream end: it spent nothing
+		// 2,500 charged, a usage per check of 1,250 widened to 2,083: with
+		// r2's flight ended, four checks fit (2,500 + 3 x 2,083 < 10,000).
+		for i := range 4 {
+			r := okay(t, s, fmt.Sprintf("check %d after r2's end", i+1), req(fmt.Sprintf("c%d", i), 0), true)
+			if got := r.GetStatuses()[0].GetLimitRemaining(); got != 7500 {
+				t.Fatalf("check %d: %d left on the user's counter, want 7500", i+1, got)
+			}
+		}
+		okay(t, s, "a fifth check", req("c4", 0), false)
+		// c0's stream end stating 1: a charge of 1, ending c0's flight.
+		advance(50 * time.Millisecond)
+		if r := call(t, s, req("c0", 1)); r.GetStatuses()[0].GetLimitRemaining() != 7499 {
+			t.Fatalf("c0's stream end of 1: %v, want it charged (7,499 left)", r.GetStatuses()[0])
+		}
+		okay(t, s, "a check after c0's end", req("c5", 0), true)
+	})
+}

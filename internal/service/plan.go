@@ -29,6 +29,7 @@ type item struct {
 	usage    bool            // a call on a rule that takes usage (rejected_hits: usage); ukind says which
 	ukind    limit.UsageKind // set by classify
 	stated   bool            // the hits were stated (a descriptor's or the request's hits_addend)
+	pairID   string          // the request's id, from a request_id level (not part of the counter)
 	shadow   bool
 	quota    bool
 	check    int // index into the request's checks when kind == counted
@@ -182,6 +183,9 @@ func (s *Service) planRule(it *item, dom *config.Domain, r *config.Rule, ents []
 		it.lease = false
 	}
 	it.usage = it.usage && !it.lease
+	if r.RequestID {
+		it.pairID = ents[len(ents)-1].GetValue()
+	}
 }
 
 // counterKey encodes the counter of a counted item. With share_threshold,
@@ -190,7 +194,7 @@ func (s *Service) planRule(it *item, dom *config.Domain, r *config.Rule, ents []
 func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon.RateLimitDescriptor_Entry, it *item) string {
 	enc.Reset(s.opts.KeyPrefix, domain)
 	levels := sharedLevels(it, len(ents))
-	for j, e := range ents {
+	for j, e := range idEntriesOut(it, ents) {
 		if p, ok := sharedPattern(levels, j); ok {
 			enc.SharedEntry(e.GetKey(), p)
 			continue
@@ -206,6 +210,7 @@ func (s *Service) counterKey(enc *limit.Encoder, domain string, ents []*rlcommon
 // standing for the value, as the incumbent writes it.
 func (s *Service) incumbentKey(domain string, ents []*rlcommon.RateLimitDescriptor_Entry, it *item) string {
 	levels := sharedLevels(it, len(ents))
+	ents = idEntriesOut(it, ents)
 	var b strings.Builder
 	b.WriteString(s.opts.KeyPrefix)
 	b.WriteString(domain)
@@ -221,6 +226,15 @@ func (s *Service) incumbentKey(domain string, ents []*rlcommon.RateLimitDescript
 		b.WriteByte('_')
 	}
 	return b.String()
+}
+
+// idEntriesOut returns a counted item's entries without its request's
+// id (a request_id level's, the last): every request shares the counter.
+func idEntriesOut(it *item, ents []*rlcommon.RateLimitDescriptor_Entry) []*rlcommon.RateLimitDescriptor_Entry {
+	if it.rule != nil && it.rule.RequestID {
+		return ents[:len(ents)-1]
+	}
+	return ents
 }
 
 // sharedLevels returns the matched rule's levels for n entries when one

@@ -15,8 +15,10 @@
 --          2 token bucket) + 4 * calendar (0 none, 1 the UTC month, 2 the
 --          UTC year: a fixed window's period) + 16 * the longest a budget
 --          check stays in flight, in seconds (limit.Check.FlightS), burst
--- then per key i, in order, 1 value:
---          hits * 2^20 + rule * 64 + flags (rule 1-based, below 2^14;
+-- then P, the number of pair keys (KEYS after the counter keys: of each
+--          check that carries a request id, in order)
+-- then per counter key i, in order, 1 value:
+--          hits * 2^20 + rule * 128 + flags (rule 1-based, below 2^13;
 --          flags 1 = refund, 2 = no veto: shadow, 4 = usage (a rule
 --          that takes usage after the fact), 8 = big: the hits, 2^32 or
 --          more, are the value at that 1-based place of the list after
@@ -26,7 +28,10 @@
 --          holding no count and no peek mark), else a read; 1 a charge of
 --          zero; 2 a budget check that consumes its hits on a budget,
 --          else a plain request; 3 a charge that is never a budget's:
---          recorded so, teaching nothing)); exact in a double, since
+--          recorded so, teaching nothing); 64 = pair: the check carries
+--          a request id, whose pair key (the next of the pair keys) holds
+--          "<admitted_ms>:<1 if its check flew, else 0>" while its stream
+--          runs (limit.Check.PairID)); exact in a double, since
 --          packed hits are below 2^32 (one argument fewer per key to
 --          parse and convert)
 -- then the big hits, in order (redisstore saturates hits at
@@ -58,8 +63,8 @@
 -- The packed per-key argument (see the header and redisstore's
 -- script.go): HITS_UNIT is 2^20, the place of the hits; below it the rule
 -- (1-based) times RULE_UNIT, plus the flags.
-local HITS_UNIT, RULE_UNIT, KIND_UNIT = 1048576, 64, 16
-local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE, FLAG_BIG = 1, 2, 4, 8
+local HITS_UNIT, RULE_UNIT, KIND_UNIT = 1048576, 128, 16
+local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE, FLAG_BIG, FLAG_PAIR = 1, 2, 4, 8, 64
 -- A rule's third argument: algorithm + CALENDAR_UNIT * calendar +
 -- FLIGHT_UNIT * the seconds a budget check stays in flight.
 local CALENDAR_UNIT, FLIGHT_UNIT = 4, 16
@@ -179,7 +184,20 @@ for q = 1, Q do
     end
   end
 end
-local A0 = 4 + C + 4 * Q -- the first key's values
+local P = tonumber(ARGV[4 + C + 4 * Q])
+local A0 = 5 + C + 4 * Q -- the first key's values
+local NK = #KEYS - P -- the counter keys; the pair keys follow
+-- pidx[k]: the index in KEYS of counter key k's pair key.
+local pidx = {}
+if P > 0 then
+  local j = NK
+  for k = 1, NK do
+    if tonumber(ARGV[A0 + k - 1]) % HITS_UNIT % RULE_UNIT >= FLAG_PAIR then
+      j = j + 1
+      pidx[k] = j
+    end
+  end
+end
 
 -- One MGET for the whole call (nothing is written yet if it fails).
 -- unpack is bounded by Lua's stack: larger calls read key by key.
@@ -195,15 +213,23 @@ local out = {}
 -- {avg, charges, duration, flights}: the common path carries one value
 -- for it) and its usage role (role).
 local key_rule, key_hits, key_flags, key_raw, key_count, key_prev, key_over, key_budget, key_role = {}, {}, {}, {}, {}, {}, {}, {}, {}
+-- and, for a check carrying a request id on a fixed window's usage call,
+-- its pair (pairread), else false.
+local key_pair = {}
 
 -- The time in ms, for a budget's flights.
 local nowms = idiv(now, 1000)
 
 -- horizon is limit.FlightMS: how long a budget check stays in flight
--- without a charge, from the learned stream duration dur (ms, 0 unknown).
-local function horizon(q, dur)
+-- without a charge, from the learned stream duration dur (ms, 0 unknown):
+-- twice it, or a quarter more where paired checks (pair) of a counter of
+-- AVG_CHARGES charges (ak) learned it exactly.
+local function horizon(q, dur, ak, pair)
   local d = COLD_FLIGHT
-  if dur > 0 then d = math.max(2 * dur, MIN_FLIGHT) end
+  if dur > 0 then
+    d = math.max(2 * dur, MIN_FLIGHT)
+    if pair and ak >= AVG_CHARGES then d = math.max(dur + idiv(dur, 4), MIN_FLIGHT) end
+  end
   return math.min(d, fsec[q] * 1000)
 end
 
@@ -217,7 +243,7 @@ end
 -- count (0 from another window), the usage per check, the charges, the
 -- stream duration, the flights still unexpired (a flat list of first,
 -- last, n) and the peek mark, or zeros for a value that does not parse.
-local function parsebudget(raw, q)
+local function parsebudget(raw, q, pair)
   local we, sc, state = fixedvalue(raw)
   local sav, sk, sd, rest
   if we then sav, sk, sd, rest = match(state, '^|(%d+)/(%d+)/?(%d*)(.*)$') end
@@ -227,7 +253,7 @@ local function parsebudget(raw, q)
   -- The usage per check, the duration and the peek mark serve the
   -- window after their own, no later.
   if we == e[q] then c = sc elseif we ~= ws[q] then av, k, dur, peek = 0, 0, 0, false end
-  local d, fl = horizon(q, dur), nil
+  local d, fl = horizon(q, dur, k, pair), nil
   for f1, f2, n in gmatch(rest, ';(%d+):(%d+):(%d+)') do
     f2 = tonumber(f2)
     -- limit.expireFlights: from the oldest, while expired; a cold
@@ -247,7 +273,9 @@ end
 -- role is limit's: what a usage call on a fixed window of count c does:
 -- 0 a plain request (or a read), 1 a budget check, 2 a charge. A key is
 -- a budget once a charge was recorded on it.
-local function role(kind, h, c, bs)
+local function role(kind, h, c, bs, pms)
+  -- A request admitted before: this is its stream end (limit.paired).
+  if pms > 0 then return 2 end
   if kind == ZERO_CHARGE then return 2 end
   if kind == PLAIN_CHARGE then return 0 end
   local budget = bs and bs[2] > 0
@@ -275,17 +303,33 @@ local function budgetover(q, h, c, bs)
   return c + n * bs[1] * (k + 3) / (k + 1) / 1024 >= l
 end
 
+-- endflight ends one check of the flights fl's bucket at x (its first
+-- field): the bucket goes with its last; nil when none is left.
+local function endflight(fl, x)
+  if fl[x + 2] > 1 then
+    fl[x + 2] = fl[x + 2] - 1
+    return fl
+  end
+  table.remove(fl, x)
+  table.remove(fl, x)
+  table.remove(fl, x)
+  if #fl == 0 then return nil end
+  return fl
+end
+
 -- budgetval returns a fixed window's value and PX with a budget's state
 -- (bs, or none) after act: 1 a budget check admitted goes in flight
 -- (limit.fly), 2 a charge of h lands (limit.land: learns the duration
 -- while the oldest flight's age is trustworthy, ends the flight nearest
--- it; moves the usage per check, the mean of the last 256 charges x
--- 1024). nil when nothing is left to keep.
-local function budgetval(q, h, c, act, bs)
+-- it; or, for a check carrying a request id (pair), limit.landPaired,
+-- from its request's admission pms and whether its check flew; both
+-- move the usage per check, the mean of the last 256 charges x 1024).
+-- nil when nothing is left to keep.
+local function budgetval(q, h, c, act, bs, pair, pms, pflew)
   local av, ak, dur, fl, peek = 0, 0, 0, nil, false
   if bs then av, ak, dur, fl, peek = bs[1], bs[2], bs[3], bs[4], bs[5] end
   if act == 1 then
-    local g = math.max(idiv(horizon(q, dur), BUCKETS), 1)
+    local g = math.max(idiv(horizon(q, dur, ak, pair), BUCKETS), 1)
     if not fl then fl = {} end
     local m = #fl
     if m > 0 and nowms - fl[m - 2] < g then
@@ -294,7 +338,21 @@ local function budgetval(q, h, c, act, bs)
       fl[m + 1], fl[m + 2], fl[m + 3] = nowms, nowms, 1
     end
   elseif act == 2 then
-    if fl then
+    if pair then
+      -- limit.landPaired: the stream's exact duration; its own check's
+      -- flight ended, if it flew and has not expired.
+      if pms > 0 then
+        dur = math.max(math.max(nowms - pms, 1), dur - idiv(dur, 32))
+        if pflew and fl then
+          for x = 1, #fl, 3 do
+            if fl[x] <= pms and pms <= fl[x + 1] then
+              fl = endflight(fl, x)
+              break
+            end
+          end
+        end
+      end
+    elseif fl then
       -- limit.firstWave: a first wave still running keeps teaching it,
       -- by 8/n of it at most a charge.
       local n = inflight(fl)
@@ -313,14 +371,7 @@ local function budgetval(q, h, c, act, bs)
           if best < 0 or d < best then j, best = x, d end
         end
       end
-      if fl[j + 2] > 1 then
-        fl[j + 2] = fl[j + 2] - 1
-      else
-        table.remove(fl, j)
-        table.remove(fl, j)
-        table.remove(fl, j)
-        if #fl == 0 then fl = nil end
-      end
+      fl = endflight(fl, j)
     end
     ak = math.min(ak + 1, AVG_CHARGES)
     local hh = h * 1024
@@ -348,10 +399,46 @@ end
 
 -- retry is limit.retryUS: a budget check refused for its flights resets
 -- when the oldest flight expires, or at the window's end if sooner.
-local function retry(q, bs)
+local function retry(q, bs, pair)
   if not bs or not bs[4] then return e[q] - now end
-  local at = (bs[4][2] + horizon(q, bs[3]) + 1) * 1000
+  local at = (bs[4][2] + horizon(q, bs[3], bs[2], pair) + 1) * 1000
   return math.max(math.min(at, e[q]) - now, 0)
+end
+
+-- pairread reads counter key k's pair (rule q): {when its request was
+-- admitted (ms; 0 none, or admitted longer than the usage timeout ago:
+-- limit.normalize), whether its check flew, the pair key's stored value}.
+local function pairread(k, q)
+  local pk = pidx[k]
+  local raw
+  if vals then
+    raw = written[KEYS[pk]]
+    if raw == nil then raw = vals[pk] end
+  else
+    raw = redis.call('MGET', KEYS[pk])[1]
+  end
+  if not raw then raw = nil end
+  local sm, sf
+  if raw then sm, sf = match(raw, '^(%d+):([01])$') end
+  if sm and tonumber(sm) * 1000 + fsec[q] * 1000000 >= now then return {tonumber(sm), sf == '1', raw} end
+  return {0, false, raw}
+end
+
+-- pairwrite keeps in counter key k's pair key that its request was
+-- admitted now, and whether its check flew (flew); flew nil forgets it.
+local function pairwrite(k, q, pr, flew)
+  local pk = KEYS[pidx[k]]
+  if flew == nil then
+    if pr[3] then
+      redis.call('DEL', pk)
+      written[pk] = false
+    end
+    return
+  end
+  local v = format('%d:0', nowms)
+  if flew then v = format('%d:1', nowms) end
+  redis.call('SET', pk, v, 'PX', px(nowms * 1000 + fsec[q] * 1000000 + GRACE))
+  written[pk] = v
 end
 
 -- decide decides the n keys from KEYS[k0+1], appending to out.
@@ -363,10 +450,12 @@ local function decide(k0, n)
     local h = floor(v / HITS_UNIT)
     local rf = v - h * HITS_UNIT
     local q, f = floor(rf / RULE_UNIT), rf % RULE_UNIT
+    local pair = f >= FLAG_PAIR
+    if pair then f = f - FLAG_PAIR end
     local kind = floor(f / KIND_UNIT)
     f = f - kind * KIND_UNIT
     if f >= FLAG_BIG then
-      h, f = tonumber(ARGV[A0 + #KEYS + h - 1]), f - FLAG_BIG
+      h, f = tonumber(ARGV[A0 + NK + h - 1]), f - FLAG_BIG
     end
     local refund, veto = f % 2 == FLAG_REFUND, f % 4 < FLAG_NO_VETO
     local usage = f >= FLAG_USAGE
@@ -382,6 +471,9 @@ local function decide(k0, n)
     end
     if not raw then raw = nil end
     local a, c, p, o, bs, rl = alg[q], 0, 0, false, false, 0
+    local pr = pair and usage and not refund and a == FIXED_WINDOW and pairread(k, q)
+    local pms = 0
+    if pr then pms = pr[1] end
     if a == FIXED_WINDOW then
       if raw then
         local sc = match(raw, pat[q])
@@ -389,11 +481,11 @@ local function decide(k0, n)
           c = tonumber(sc)
         elseif find(raw, '|', 1, true) then
           local av, ak, dur, fl, peek
-          c, av, ak, dur, fl, peek = parsebudget(raw, q)
+          c, av, ak, dur, fl, peek = parsebudget(raw, q, pair)
           bs = {av, ak, dur, fl, peek}
         end
       end
-      if usage and not refund then rl = role(kind, h, c, bs) end
+      if usage and not refund then rl = role(kind, h, c, bs, pms) end
       if rl == 1 then
         o = budgetover(q, h, c, bs)
       else
@@ -431,6 +523,7 @@ local function decide(k0, n)
       end
     end
     key_rule[i], key_hits[i], key_flags[i], key_raw[i], key_count[i], key_prev[i], key_over[i], key_budget[i], key_role[i] = q, h, f + kind * KIND_UNIT, raw, c, p, o, bs, rl
+    key_pair[i] = pr
     if o and veto then admitted = false end
   end
 
@@ -441,7 +534,11 @@ local function decide(k0, n)
     local refund, usage = f % 2 == FLAG_REFUND, f % 8 >= FLAG_USAGE
     -- A usage charge is recorded whatever the decision (limit.Check.Charge).
     local charge = usage and (kind == ZERO_CHARGE or (kind == BY_HITS or kind == PLAIN_CHARGE) and h > 0)
-    local consume = (admitted and not o or charge) and not refund
+    local pr = key_pair[i]
+    local pair, pms, pflew = false, 0, false
+    if pr then pair, pms, pflew = true, pr[1], pr[2] end
+    -- A paired stream end is a charge too (limit.paired).
+    local consume = (admitted and not o or charge or pms > 0) and not refund
     local a, l = alg[q], lim[q]
     local remaining, reset, val, ex = 0, 0, nil, nil
     if a == TOKEN_BUCKET then
@@ -488,12 +585,12 @@ local function decide(k0, n)
         local bs = key_budget[i]
         if o and rl == 1 and key_count[i] < l and key_count[i] + h <= l then
           -- Refused for its flights, not a spent budget (limit.heldByFlights).
-          reset = retry(q, bs)
+          reset = retry(q, bs, pair)
         end
         local act = 0
         if consume then act = rl end
         if bs or act > 0 then
-          val, ex = budgetval(q, h, c, act, bs)
+          val, ex = budgetval(q, h, c, act, bs, pair, pms, pflew)
         elseif c > 0 then
           -- num(c), without the call on the common path
           if c < 1e14 then val = pre[q] .. c else val = pre[q] .. num(c) end
@@ -508,6 +605,15 @@ local function decide(k0, n)
     elseif val ~= raw then
       redis.call('SET', KEYS[k], val, 'PX', ex)
       written[KEYS[k]] = val
+    end
+    if pr then
+      -- The request's first call admitted keeps when, for its stream
+      -- end, which forgets it (limit.Decide).
+      if consume and rl ~= 2 then
+        pairwrite(k, q, pr, rl == 1)
+      else
+        pairwrite(k, q, pr, nil)
+      end
     end
     local m = #out
     if o then out[m + 1] = 1 else out[m + 1] = 0 end
