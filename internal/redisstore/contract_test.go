@@ -18,7 +18,7 @@ func TestScriptContract(t *testing.T) {
 	for script, want := range map[string]map[string]int64{
 		"decide.lua": {
 			"HITS_UNIT": 1 << hitsShift, "RULE_UNIT": ruleUnit, "KIND_UNIT": kindUnit,
-			"FLAG_REFUND": flagRefund, "FLAG_NO_VETO": flagNoVeto, "FLAG_USAGE": flagUsage, "FLAG_BIG": flagBig,
+			"FLAG_REFUND": flagRefund, "FLAG_NO_VETO": flagNoVeto, "FLAG_USAGE": flagUsage, "FLAG_BIG": flagBig, "FLAG_PAIR": flagPair,
 			"CALENDAR_UNIT": calendarUnit, "FLIGHT_UNIT": flightUnit,
 			"FIXED_WINDOW": int64(limit.FixedWindow), "SLIDING_WINDOW": int64(limit.SlidingWindow), "TOKEN_BUCKET": int64(limit.TokenBucket),
 			"BY_HITS": int64(limit.ByHits), "ZERO_CHARGE": int64(limit.ZeroCharge), "COST_CHECK": int64(limit.CostCheck), "PLAIN_CHARGE": int64(limit.PlainCharge),
@@ -42,10 +42,10 @@ func TestScriptContract(t *testing.T) {
 			}
 		}
 	}
-	// Packed fields must not overlap: the flags and the kind below the
-	// rule's unit, the rule below the hits'.
-	if flagBig*2 > kindUnit || 4*kindUnit > ruleUnit || (maxRules+1)*ruleUnit > 1<<hitsShift {
-		t.Errorf("packed fields overlap: flags up to %d, kinds from %d, rules from %d, %d rules, hits from 2^%d", flagBig, kindUnit, ruleUnit, maxRules, hitsShift)
+	// Packed fields must not overlap: the flags, the kind and the pair
+	// flag below the rule's unit, the rule below the hits'.
+	if flagBig*2 > kindUnit || 4*kindUnit > flagPair || flagPair*2 > ruleUnit || (maxRules+1)*ruleUnit > 1<<hitsShift {
+		t.Errorf("packed fields overlap: flags up to %d, kinds from %d, the pair flag %d, rules from %d, %d rules, hits from 2^%d", flagBig, kindUnit, flagPair, ruleUnit, maxRules, hitsShift)
 	}
 	if int64(limit.CalendarYear)*calendarUnit >= flightUnit || int64(limit.TokenBucket) >= calendarUnit {
 		t.Errorf("a rule's packed algorithm, calendar and flight overlap")
