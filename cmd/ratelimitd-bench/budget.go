@@ -42,6 +42,8 @@ type budgetOptions struct {
 	flood          int     // uncharged checks one more sharer sends
 	floodAt        time.Duration
 	sequence       string // a scripted sequence instead of streams: uncharged, large
+	pair           bool   // each request's calls carry its id (an x-request-id entry)
+	retryPolicy    string // fixed: -retry after each refusal; sdk: OpenAI's SDK (~0.5 s, ~1 s, then given up)
 }
 
 // BudgetReport is what -budget measured.
@@ -63,12 +65,21 @@ type BudgetReport struct {
 	Seconds        float64 `json:"seconds"`
 	// The flood: the others' checks and false refusals while it lasted,
 	// and from 10 s after it ended.
-	FloodSeconds     float64 `json:"flood_seconds,omitempty"`
-	DuringChecks     int64   `json:"others_checks_during_flood,omitempty"`
-	DuringFalse      int64   `json:"others_false_refusals_during_flood,omitempty"`
-	AfterChecks      int64   `json:"others_checks_from_10s_after,omitempty"`
-	AfterFalse       int64   `json:"others_false_refusals_from_10s_after,omitempty"`
-	FloodRefused     int64   `json:"flood_checks_refused,omitempty"`
+	FloodSeconds float64 `json:"flood_seconds,omitempty"`
+	DuringChecks int64   `json:"others_checks_during_flood,omitempty"`
+	DuringFalse  int64   `json:"others_false_refusals_during_flood,omitempty"`
+	AfterChecks  int64   `json:"others_checks_from_10s_after,omitempty"`
+	AfterFalse   int64   `json:"others_false_refusals_from_10s_after,omitempty"`
+	FloodRefused int64   `json:"flood_checks_refused,omitempty"`
+	// Blocked time: each false refusal counts the wait until its
+	// stream's next call (s, over the streams); a block runs from a false
+	// refusal to the stream's next admission or true refusal.
+	BlockedPerStreamS float64 `json:"false_blocked_s_per_stream"`
+	LongestBlockS     float64 `json:"longest_false_block_s"`
+	// -retry-policy sdk: requests given up after three refusals, and of
+	// them those the budget would have covered at the last refusal.
+	GaveUp           int64   `json:"sdk_gave_up,omitempty"`
+	FalseGaveUp      int64   `json:"sdk_false_gave_up,omitempty"`
 	SequenceOKAfterS float64 `json:"sequence_ok_after_s,omitempty"`
 	SequenceCode     string  `json:"sequence_code,omitempty"`
 }
@@ -77,7 +88,7 @@ type BudgetReport struct {
 func (b *budgetOptions) valid() bool {
 	return b.streams >= 1 && b.minTok >= 1 && b.maxTok >= b.minTok && b.maxDur >= b.minDur && b.skewed <= b.streams &&
 		b.failRate >= 0 && b.failRate <= 1 && b.zeroRate >= 0 && b.zeroRate <= 1 &&
-		(b.failShape == "none" || b.failShape == "zero") &&
+		(b.failShape == "none" || b.failShape == "zero") && (b.retryPolicy == "fixed" || b.retryPolicy == "sdk") &&
 		(b.sequence == "" || b.sequence == "uncharged" || b.sequence == "large")
 }
 
@@ -98,11 +109,13 @@ type budgetRun struct {
 	floodStart, floodEnd                                      atomic.Int64
 	duringChecks, duringFalse, afterChecks, afterFalse        atomic.Int64
 	floodRefused                                              atomic.Int64
+	blocked, longestBlock, gaveUp, falseGaveUp, ids           atomic.Int64
 }
 
 // request builds one call: the budget's descriptor (or the five kinds'),
-// each stating hits (nil: none stated, QuotaPolicy's check).
-func (r *budgetRun) request(hits []uint64, stated bool) *rlsv3.RateLimitRequest {
+// each stating hits (nil: none stated, QuotaPolicy's check), and ending
+// with the request's id under -pair.
+func (r *budgetRun) request(hits []uint64, stated bool, id string) *rlsv3.RateLimitRequest {
 	keys := []string{r.b.key}
 	if r.b.kinds {
 		keys = kindKeys
@@ -110,6 +123,9 @@ func (r *budgetRun) request(hits []uint64, stated bool) *rlsv3.RateLimitRequest 
 	req := &rlsv3.RateLimitRequest{Domain: r.o.domain}
 	for i, k := range keys {
 		d := &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: k, Value: r.value}}}
+		if r.b.pair {
+			d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: "x-request-id", Value: id})
+		}
 		if stated {
 			d.HitsAddend = wrapperspb.UInt64(hits[min(i, len(hits)-1)])
 		}
@@ -167,10 +183,22 @@ func runBudget(ctx context.Context, o *options, b *budgetOptions, clients []rlsv
 // run ends or it has sent -requests.
 func (r *budgetRun) stream(ctx context.Context, cl rlsv3.RateLimitServiceClient, rng *rand.Rand, scale uint64) {
 	b := r.b
+	var blockSince time.Duration // a false block's start, or 0
+	endBlock := func(now time.Duration) {
+		if blockSince > 0 {
+			if d := int64(now - blockSince); d > r.longestBlock.Load() {
+				r.longestBlock.Store(d)
+			}
+			blockSince = 0
+		}
+	}
+	defer func() { endBlock(time.Since(r.start)) }()
+	tries := 0
 	for n := 0; ctx.Err() == nil && (b.requests == 0 || n < b.requests); {
 		size := scale * (b.minTok + rng.Uint64N(b.maxTok-b.minTok+1))
 		dur := time.Duration(scale) * (b.minDur + time.Duration(rng.Int64N(int64(b.maxDur-b.minDur)+1)))
-		resp, err := cl.ShouldRateLimit(ctx, r.request([]uint64{0}, !b.quota))
+		id := fmt.Sprint(r.ids.Add(1))
+		resp, err := cl.ShouldRateLimit(ctx, r.request([]uint64{0}, !b.quota, id))
 		if ctx.Err() != nil {
 			// The run ended while the check was out: the service may have
 			// answered it by failure policy (no time left for Redis), which
@@ -188,12 +216,33 @@ func (r *budgetRun) stream(ctx context.Context, cl rlsv3.RateLimitServiceClient,
 		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 			r.refused.Add(1)
 			r.firstRefusal.CompareAndSwap(0, int64(now))
+			wait := b.retry
+			if b.retryPolicy == "sdk" {
+				// OpenAI's SDK: 0.5 s, then 1 s, each less up to a quarter
+				// (jitter); after the third refusal the request is given up.
+				wait = 500*time.Millisecond<<tries - time.Duration(rng.Int64N(int64(125*time.Millisecond<<tries)))
+			}
 			if falseRef {
 				r.falseRef.Add(1)
+				r.blocked.Add(int64(wait))
+				if blockSince == 0 {
+					blockSince = now
+				}
+			} else {
+				endBlock(now)
 			}
-			sleepCtx(ctx, b.retry)
+			if tries++; b.retryPolicy == "sdk" && tries == 3 {
+				r.gaveUp.Add(1)
+				if falseRef {
+					r.falseGaveUp.Add(1)
+				}
+				tries = 0
+			}
+			sleepCtx(ctx, wait)
 			continue
 		}
+		endBlock(now)
+		tries = 0
 		n++
 		r.admit(now)
 		r.inflight.Add(size)
@@ -203,13 +252,13 @@ func (r *budgetRun) stream(ctx context.Context, cl rlsv3.RateLimitServiceClient,
 			// descriptor, or sends it with 0.
 			r.fails.Add(1)
 			if b.failShape == "zero" {
-				r.send(cl, r.request(make([]uint64, 5), true))
+				r.send(cl, r.request(make([]uint64, 5), true, id))
 			}
 			r.inflight.Add(^(size - 1))
 			continue
 		}
 		// Envoy charges at stream end whatever the load test's clock says.
-		r.send(cl, r.request(r.usage(rng, size), true))
+		r.send(cl, r.request(r.usage(rng, size), true, id))
 		r.charged.Add(size)
 		r.inflight.Add(^(size - 1))
 	}
@@ -264,7 +313,7 @@ func (r *budgetRun) floodChecks(ctx context.Context, clients []rlsv3.RateLimitSe
 		cl := clients[i%len(clients)]
 		wg.Go(func() {
 			for left.Add(-1) >= 0 && ctx.Err() == nil {
-				resp, err := cl.ShouldRateLimit(ctx, r.request([]uint64{0}, !r.b.quota))
+				resp, err := cl.ShouldRateLimit(ctx, r.request([]uint64{0}, !r.b.quota, "flood"))
 				if err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 					r.floodRefused.Add(1)
 				}
@@ -282,7 +331,7 @@ func (r *budgetRun) floodChecks(ctx context.Context, clients []rlsv3.RateLimitSe
 // the budget, check (reported: the last check's code).
 func (r *budgetRun) runSequence(ctx context.Context, cl rlsv3.RateLimitServiceClient, out io.Writer) error {
 	ask := func(hits uint64) (rlsv3.RateLimitResponse_Code, error) {
-		resp, err := cl.ShouldRateLimit(ctx, r.request([]uint64{hits}, true))
+		resp, err := cl.ShouldRateLimit(ctx, r.request([]uint64{hits}, true, "sequence"))
 		return resp.GetOverallCode(), err
 	}
 	rep := BudgetReport{Budget: r.b.budget, Streams: 1}
@@ -333,7 +382,9 @@ func (r *budgetRun) report(out io.Writer) error {
 		LetThrough: float64(r.charged.Load()) / float64(r.b.budget), Admitted: r.admitted.Load(), Refused: r.refused.Load(),
 		FalseRefusals: r.falseRef.Load(), Failed: r.fails.Load(), MaxGapMS: float64(r.maxGap.Load()) / 1e6,
 		CheckErrors: r.checkErrs.Load(), ChargeErrors: r.chargeErrs.Load(),
-		FirstRefusalMS: float64(r.firstRefusal.Load()) / 1e6, Seconds: time.Since(r.start).Seconds()}
+		FirstRefusalMS: float64(r.firstRefusal.Load()) / 1e6, Seconds: time.Since(r.start).Seconds(),
+		BlockedPerStreamS: float64(r.blocked.Load()) / 1e9 / float64(r.b.streams), LongestBlockS: float64(r.longestBlock.Load()) / 1e9,
+		GaveUp: r.gaveUp.Load(), FalseGaveUp: r.falseGaveUp.Load()}
 	if n := rep.Admitted + rep.Refused; n > 0 {
 		rep.FalsePct = 100 * float64(rep.FalseRefusals) / float64(n)
 	}
@@ -361,6 +412,11 @@ func (r *BudgetReport) write(out io.Writer, o *options) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "budget %d, %d streams (%d skewed, %d failed): charged %d = %.3fx the budget; checks admitted %d, refused %d (false %d = %.2f%% of checks; first at %.0f ms); longest admission gap %.0f ms; errors: %d checks, %d charges; %.1f s\n",
 		r.Budget, r.Streams, r.Skewed, r.Failed, r.Charged, r.LetThrough, r.Admitted, r.Refused, r.FalseRefusals, r.FalsePct, r.FirstRefusalMS, r.MaxGapMS, r.CheckErrors, r.ChargeErrors, r.Seconds)
+	fmt.Fprintf(&b, "falsely blocked %.3f s a stream, longest block %.3f s", r.BlockedPerStreamS, r.LongestBlockS)
+	if r.GaveUp > 0 || r.FalseGaveUp > 0 {
+		fmt.Fprintf(&b, "; the SDK gave up %d requests, %d of them the budget could have covered", r.GaveUp, r.FalseGaveUp)
+	}
+	b.WriteString("\n")
 	if r.FloodSeconds > 0 {
 		fmt.Fprintf(&b, "flood of %.1f s (%d of its checks refused): the others' false refusals %d of %d checks during it, %d of %d from 10 s after it\n",
 			r.FloodSeconds, r.FloodRefused, r.DuringFalse, r.DuringChecks, r.AfterFalse, r.AfterChecks)

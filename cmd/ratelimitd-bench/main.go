@@ -206,6 +206,8 @@ func budgetFlags(fs *flag.FlagSet, b *budgetOptions, budget *bool) {
 	fs.IntVar(&b.requests, "requests", 0, "-budget: requests each stream sends, then stops (0: until -duration)")
 	fs.IntVar(&b.flood, "flood", 0, "-budget: uncharged checks (hits 0) one more sharer sends from -flood-at, 8 at a time")
 	fs.DurationVar(&b.floodAt, "flood-at", 2*time.Second, "-budget: when the flood starts")
+	fs.BoolVar(&b.pair, "pair", false, "-budget: each request's two calls carry its id, an x-request-id entry after the budget's (the rule's request_id level: -budget-key budget_pair)")
+	fs.StringVar(&b.retryPolicy, "retry-policy", "fixed", "-budget: fixed (wait -retry after each refusal) or sdk (as OpenAI's SDK: ~0.5 s, then ~1 s, then the request is given up)")
 	fs.StringVar(&b.sequence, "sequence", "", "-budget: a scripted sequence on -budget-limit instead of streams: uncharged (check, charge a quarter, three uncharged checks, then how long until a check is admitted), large (check, charge 60 %, check)")
 }
 
