@@ -57,6 +57,9 @@ func TestBadConfigs(t *testing.T) {
 		{"bad_algorithm.bad.yaml", []string{`:7: descriptors[0].rate_limit.algorithm: unknown algorithm "leaky" (want fixed_window, sliding_window or token_bucket)`}},
 		{"burst_without_bucket.bad.yaml", []string{":8: descriptors[0].rate_limit.burst: burst needs algorithm: token_bucket"}},
 		{"zero_multiplier.bad.yaml", []string{":7: descriptors[0].rate_limit.unit_multiplier: must be at least 1"}},
+		// Negative numbers are refused, not wrapped to about 4.29e9.
+		{"negative_multiplier.bad.yaml", []string{":7: descriptors[0].rate_limit.unit_multiplier: -1 is out of range (0 to 4294967295)"}},
+		{"negative_burst.bad.yaml", []string{":8: descriptors[0].rate_limit.burst: -1 is out of range (0 to 4294967295)"}},
 		{"bad_failure_mode.bad.yaml", []string{`:4: descriptors[0].failure_mode: unknown failure_mode "closed" (want allow or deny)`}},
 		{"rlqs_duplicate_key.bad.yaml", []string{`:3: rlqs.descriptor_keys[1]: duplicate key "tenant"`}},
 		{"many_errors.bad.yaml", []string{`:5: descriptors[0].rate_limit.unit: unknown unit "fortnight"`,

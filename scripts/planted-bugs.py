@@ -349,6 +349,10 @@ muts = [
     ("327 the script's pair kept past the usage timeout","internal/redisstore/scripts/decide.lua","tonumber(sm) * 1000 + fsec[q] * 1000000 >= now then","tonumber(sm) > 0 then","./internal/redisstore","TestBudgetMatchesMemstore"),
     ("328 no warning for a request id level without request_id","config/config.go","!r.RequestID && looksLikeRequestID(r.Key)","!r.RequestID && false","./config","TestRequestIDLevels"),
     ("329 a paired counter keeps flights twice its longest stream","internal/limit/budget.go","if c.PairID != \"\" && st.Charges >= AvgCharges {","if false {","./internal/limit","TestPairedHorizon"),
+    ("330 a negative unit_multiplier or burst wrapped, not refused","config/scalars.go","if err != nil || v < 0 || v > math.MaxUint32 {","if err != nil || v > math.MaxUint32 {","./config","TestBadConfigs"),
+    ("331 the incumbent's GRPC_CLIENT_TLS_CACERT dropped","internal/envcompat/envcompat.go","\t{Name: \"GRPC_CLIENT_TLS_CACERT\", Flag: \"grpc-client-ca\"},\n","\t{Name: \"GRPC_CLIENT_TLS_CACERT\", Ignore: \"dropped\"},\n","./internal/envcompat","TestEnvoyproxy$"),
+    ("332 an unknown flag under env-compat swallows a ratelimitd flag","cmd/ratelimitd/settings.go","if !hasVal && i+1 < len(args) && !strings.HasPrefix(args[i+1], \"-\") {","if !hasVal && i+1 < len(args) {","./cmd/ratelimitd","TestIncumbentArgsIgnored"),
+    ("333 a stray argument accepted","cmd/ratelimitd/settings.go","\tif fs.NArg() > 0 {\n\t\treturn nil, fmt.Errorf(\"unexpected argument","\tif fs.NArg() > 99 {\n\t\treturn nil, fmt.Errorf(\"unexpected argument","./cmd/ratelimitd","TestStartupErrors"),
 ]
 only = sys.argv[1:]
 missed = 0

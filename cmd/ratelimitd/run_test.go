@@ -190,7 +190,12 @@ func TestStartupErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out syncBuffer
-			err := run(context.Background(), tt.args, env(tt.env), &out)
+			// Each must fail at startup; one that starts serving instead
+			// (its check gone) is stopped, and fails, within a bound,
+			// not at the suite's timeout.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err := run(ctx, tt.args, env(tt.env), &out)
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Errorf("err = %v, want it to contain %q", err, tt.wantErr)
 			}

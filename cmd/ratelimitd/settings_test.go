@@ -137,13 +137,15 @@ func TestIncumbentArgsIgnored(t *testing.T) {
 	compat := func(k string) string {
 		return map[string]string{"RATELIMITD_ENV_COMPAT": "envoyproxy", "RUNTIME_ROOT": "/srv", "RUNTIME_SUBDIRECTORY": "ratelimit"}[k]
 	}
+	// An unknown flag followed by one of ratelimitd's (--bare, then
+	// --log-level) takes no value: the next flag stays ratelimitd's.
 	args := []string{"--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system", "--shadow-mode",
-		"-unknown", "value", "--log-level", "debug", "word", "--response-headers", "draft11", "--other"}
+		"-unknown", "value", "--bare", "--log-level", "debug", "word", "--response-headers", "draft11", "--other"}
 	s, err := parseSettings(args, compat, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system", "-unknown", "value", "word", "--other"}
+	want := []string{"--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system", "-unknown", "value", "--bare", "word", "--other"}
 	if strings.Join(s.ignoredArgs, " ") != strings.Join(want, " ") {
 		t.Errorf("ignored %q, want %q", s.ignoredArgs, want)
 	}

@@ -40,6 +40,9 @@ func TestEnvoyproxy(t *testing.T) {
 		{"listen addresses", map[string]string{"DISABLE_STATS": "true", "PORT": "8080", "GRPC_HOST": "0.0.0.0", "GRPC_PORT": "8081"},
 			[]string{"http-addr=:8080", "grpc-addr=0.0.0.0:8081"}},
 		{"REDIS_TIMEOUT honoured", map[string]string{"DISABLE_STATS": "true", "REDIS_TIMEOUT": "10s"}, []string{"redis-timeout=10s"}},
+		{"gRPC over TLS, client certificates verified", map[string]string{"DISABLE_STATS": "true", "GRPC_SERVER_USE_TLS": "true",
+			"GRPC_SERVER_TLS_CERT": "/tls/cert.pem", "GRPC_SERVER_TLS_KEY": "/tls/key.pem", "GRPC_CLIENT_TLS_CACERT": "/tls/ca.pem"},
+			[]string{"grpc-tls-cert=/tls/cert.pem", "grpc-tls-key=/tls/key.pem", "grpc-client-ca=/tls/ca.pem"}},
 	} {
 		res, err := Envoyproxy(env(tt.env))
 		if err != nil {
