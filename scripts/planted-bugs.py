@@ -353,6 +353,8 @@ muts = [
     ("331 the incumbent's GRPC_CLIENT_TLS_CACERT dropped","internal/envcompat/envcompat.go","\t{Name: \"GRPC_CLIENT_TLS_CACERT\", Flag: \"grpc-client-ca\"},\n","\t{Name: \"GRPC_CLIENT_TLS_CACERT\", Ignore: \"dropped\"},\n","./internal/envcompat","TestEnvoyproxy$"),
     ("332 an unknown flag under env-compat swallows a ratelimitd flag","cmd/ratelimitd/settings.go","if !hasVal && i+1 < len(args) && !strings.HasPrefix(args[i+1], \"-\") {","if !hasVal && i+1 < len(args) {","./cmd/ratelimitd","TestIncumbentArgsIgnored"),
     ("333 a stray argument accepted","cmd/ratelimitd/settings.go","\tif fs.NArg() > 0 {\n\t\treturn nil, fmt.Errorf(\"unexpected argument","\tif fs.NArg() > 99 {\n\t\treturn nil, fmt.Errorf(\"unexpected argument","./cmd/ratelimitd","TestStartupErrors"),
+    ("334 a counter asked about the incumbent's count once ever","internal/redisstore/carry.go","\treturn sd.end[key] != end\n","\t_, ok := sd.end[key]\n\treturn !ok\n","./internal/redisstore","TestCarryEachWindow"),
+    ("335 seed.lua carries a budget's state from any past window","internal/redisstore/scripts/seed.lua","if rest and rest ~= '' and we == e - w then","if rest and rest ~= '' then","./internal/redisstore","TestCarryEachWindow"),
 ]
 only = sys.argv[1:]
 missed = 0

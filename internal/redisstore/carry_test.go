@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,5 +80,54 @@ func TestCarryIncumbentCounts(t *testing.T) {
 	}
 	if _, err := redisstore.New(redisstore.Options{URL: redistest.ClusterURL([]*redistest.Server{srv}), Mode: redisstore.ModeCluster, CarryIncumbent: true}); err == nil {
 		t.Error("carrying on Cluster accepted")
+	}
+}
+
+// TestCarryEachWindow: a counter is asked about the incumbent's count
+// once in each of its windows, not once ever: the next window starts
+// from the incumbent's count of that window too. And a budget's state is
+// carried from the window before only: one left from two windows ago is
+// dropped when the count is seeded.
+func TestCarryEachWindow(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	admin := srv.Client()
+	const hour = int64(3600)
+	start := time.Now().Unix()/hour*hour + 10*hour // a window of the script's clock, ahead of Redis's
+	var clock atomic.Int64
+	clock.Store((start + 600) * 1_000_000)
+	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: time.Second, CarryIncumbent: true,
+		ScriptTime: func() time.Time { return time.UnixMicro(clock.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	check := func(user string) limit.Result {
+		t.Helper()
+		res, err := s.Evaluate(ctx, []limit.Check{{Key: "rl:" + user, Limit: 1000, WindowUS: hour * 1e6, Hits: 1,
+			Incumbent: "pfx:ai_user_" + user + "_"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	for w, count := range []int64{100, 200, 300} {
+		admin.Set(ctx, fmt.Sprintf("pfx:ai_user_u_%d", start+int64(w)*hour), count, 4*time.Hour)
+	}
+	for w, want := range []uint64{899, 799, 699} {
+		if r := check("u"); r.Remaining != want {
+			t.Fatalf("window %d: %+v, want %d left (the incumbent's count of that window, and this request)", w, r, want)
+		}
+		clock.Add(hour * 1_000_000)
+	}
+
+	// A budget's state from two windows before the current one.
+	now := clock.Load() / 1_000_000
+	end := (now/hour + 1) * hour
+	admin.Set(ctx, "rl:v", fmt.Sprintf("%d:5|1024000/4/100", (end-2*hour)*1_000_000), time.Hour)
+	admin.Set(ctx, fmt.Sprintf("pfx:ai_user_v_%d", end-hour), 300, time.Hour)
+	check("v")
+	if got := admin.Get(ctx, "rl:v").Val(); got != fmt.Sprintf("%d:301", end*1_000_000) {
+		t.Fatalf("rl:v holds %q, want the incumbent's 300 and this request, with no budget's state", got)
 	}
 }
