@@ -355,6 +355,8 @@ muts = [
     ("333 a stray argument accepted","cmd/ratelimitd/settings.go","\tif fs.NArg() > 0 {\n\t\treturn nil, fmt.Errorf(\"unexpected argument","\tif fs.NArg() > 99 {\n\t\treturn nil, fmt.Errorf(\"unexpected argument","./cmd/ratelimitd","TestStartupErrors"),
     ("334 a counter asked about the incumbent's count once ever","internal/redisstore/carry.go","\treturn sd.end[key] != end\n","\t_, ok := sd.end[key]\n\treturn !ok\n","./internal/redisstore","TestCarryEachWindow"),
     ("335 seed.lua carries a budget's state from any past window","internal/redisstore/scripts/seed.lua","if rest and rest ~= '' and we == e - w then","if rest and rest ~= '' then","./internal/redisstore","TestCarryEachWindow"),
+    ("336 the first charge leaves the plain first wave out of flight","internal/limit/budget.go","\t} else if st.Charges == 0 && st.Count > hits+1 {","\t} else if false {","./internal/service","TestQuotaFirstWave"),
+    ("337 the script's first charge leaves the first wave out of flight","internal/redisstore/scripts/decide.lua","    elseif ak == 0 and c > h + 1 then\n","    elseif false then\n","./internal/service","TestQuotaFirstWave"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -217,7 +217,8 @@ func fly(c *Check, st *State, now int64) {
 // lost (a flushed or failed-over key), and a duration grown on the
 // second would keep every flight up to FlightS, the lock this design
 // exists to end; streams that grow longer are learned where few are in
-// flight, else the bound weakens (flights end early), never locks.
+// flight, else the bound weakens (flights end early), never locks. The
+// counter's first charge puts the requests it admitted before in flight.
 func land(st *State, now int64, hits uint64) {
 	nowMS := now / 1000
 	if len(st.Flights) > 0 {
@@ -262,6 +263,14 @@ func land(st *State, now int64, hits uint64) {
 			fl = nil
 		}
 		st.Flights = fl
+	} else if st.Charges == 0 && st.Count > hits+1 {
+		// The counter's first charge, none in flight: the requests it
+		// admitted as plain ones until now (a cost of 1 each:
+		// QuotaPolicy's request phase) are streams still running, but
+		// this one. In flight from now, their charges end them instead of
+		// the checks that follow (else 16 QuotaPolicy streams let through
+		// 1.20 times the budget).
+		st.Flights = []Flight{{FirstMS: nowMS, LastMS: nowMS, N: st.Count - hits - 1}}
 	}
 	learnUsage(st, hits)
 }

@@ -22,6 +22,12 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 20}
   - key: quota
     rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: quota_s
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: quota_d
+    rate_limit: {unit: day, requests_per_unit: 10}
+  - key: wave
+    rate_limit: {unit: hour, requests_per_unit: 10000}
 `
 
 // shapes are the ways a client says "one request" (docs/token-budgets.md,
@@ -117,15 +123,20 @@ func TestPeeks(t *testing.T) {
 // that cost 0: the request phase states no hits (a cost of 1), the
 // stream end states 0. Every Envoy-visible answer is the incumbent's:
 // ten flows of a quota of 10 go, the eleventh is refused, with the
-// window's remaining count and reset.
+// window's remaining count and reset, in 1 s, 1 h and 1 d windows.
 func TestQuotaFlowsOfCostZero(t *testing.T) {
-	clockedWith(t, plainShapes, service.Options{}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
-		for i := range 10 {
-			wantStatus(t, fmt.Sprintf("flow %d", i+1), call(t, s, aiRequest(desc("quota", "m"))), rlsv3.RateLimitResponse_OK, uint32(9-i), time.Hour)
-			call(t, s, aiRequest(tokens(0, "quota", "m")))
-		}
-		wantStatus(t, "flow 11", call(t, s, aiRequest(desc("quota", "m"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, time.Hour)
-	})
+	// The clock starts at 10:00 UTC: the day window resets in 14 h.
+	for key, window := range map[string]time.Duration{"quota_s": time.Second, "quota": time.Hour, "quota_d": 14 * time.Hour} {
+		t.Run(key, func(t *testing.T) {
+			clockedWith(t, plainShapes, service.Options{}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+				for i := range 10 {
+					wantStatus(t, fmt.Sprintf("flow %d", i+1), call(t, s, aiRequest(desc(key, "m"))), rlsv3.RateLimitResponse_OK, uint32(9-i), window)
+					call(t, s, aiRequest(tokens(0, key, "m")))
+				}
+				wantStatus(t, "flow 11", call(t, s, aiRequest(desc(key, "m"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, window)
+			})
+		})
+	}
 }
 
 // TestQuotaFlowsOfCost: AI Gateway's QuotaPolicy e2e (a quota of 10, a
@@ -271,5 +282,32 @@ func TestPairedStreamEnds(t *testing.T) {
 			t.Fatalf("c0's stream end of 1: %v, want it charged (7,499 left)", r.GetStatuses()[0])
 		}
 		okay(t, s, "a check after c0's end", req("c5", 0), true)
+	})
+}
+
+// TestQuotaFirstWave: QuotaPolicy's first wave on a fresh counter is
+// plain requests (nothing says it is a budget yet), but once the first
+// stream charges, the other requests it admitted are streams still
+// running: they go in flight, so the budget checks that follow are held
+// by them (16 requests, a charge of 150: 15 in flight at 300 each, the
+// one charge widened; 18 more checks fit in 10,000), and the first
+// wave's charges end them rather than the later checks.
+func TestQuotaFirstWave(t *testing.T) {
+	clockedWith(t, plainShapes, service.Options{}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		for i := range 16 {
+			okay(t, s, fmt.Sprintf("first-wave request %d", i+1), aiRequest(desc("wave", "q")), true)
+		}
+		advance(100 * time.Millisecond)
+		call(t, s, aiRequest(tokens(150, "wave", "q")))
+		admitted := 0
+		for call(t, s, aiRequest(desc("wave", "q"))).GetOverallCode() == rlsv3.RateLimitResponse_OK {
+			admitted++
+			if admitted > 100 {
+				break
+			}
+		}
+		if admitted != 18 {
+			t.Fatalf("%d budget checks admitted after the first charge, want 18 (the first wave's 15 streams in flight)", admitted)
+		}
 	})
 }

@@ -372,6 +372,10 @@ local function budgetval(q, h, c, act, bs, pair, pms, pflew)
         end
       end
       fl = endflight(fl, j)
+    elseif ak == 0 and c > h + 1 then
+      -- limit.land: the first charge puts the requests admitted before
+      -- it in flight.
+      fl = {nowms, nowms, c - h - 1}
     end
     ak = math.min(ak + 1, AVG_CHARGES)
     local hh = h * 1024
