@@ -357,6 +357,7 @@ muts = [
     ("335 seed.lua carries a budget's state from any past window","internal/redisstore/scripts/seed.lua","if rest and rest ~= '' and we == e - w then","if rest and rest ~= '' then","./internal/redisstore","TestCarryEachWindow"),
     ("336 the first charge leaves the plain first wave out of flight","internal/limit/budget.go","\t} else if st.Charges == 0 && st.Count > hits+1 {","\t} else if false {","./internal/service","TestQuotaFirstWave"),
     ("337 the script's first charge leaves the first wave out of flight","internal/redisstore/scripts/decide.lua","    elseif ak == 0 and c > h + 1 then\n","    elseif false then\n","./internal/service","TestQuotaFirstWave"),
+    ("338 a call past its deadline still sent after a stall","internal/redisstore/batch.go","\t\terr := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {\n\t\t\terr = context.DeadlineExceeded\n\t\t}\n","\t\tvar err error\n","./internal/redisstore","TestExpiredCallNotSent"),
 ]
 only = sys.argv[1:]
 missed = 0
