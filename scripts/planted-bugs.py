@@ -358,6 +358,8 @@ muts = [
     ("336 the first charge leaves the plain first wave out of flight","internal/limit/budget.go","\t} else if st.Charges == 0 && st.Count > hits+1 {","\t} else if false {","./internal/service","TestQuotaFirstWave"),
     ("337 the script's first charge leaves the first wave out of flight","internal/redisstore/scripts/decide.lua","    elseif ak == 0 and c > h + 1 then\n","    elseif false then\n","./internal/service","TestQuotaFirstWave"),
     ("338 a call past its deadline still sent after a stall","internal/redisstore/batch.go","\t\terr := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {\n\t\t\terr = context.DeadlineExceeded\n\t\t}\n","\t\tvar err error\n","./internal/redisstore","TestExpiredCallNotSent"),
+    ("339 a charge whose window ended re-applied after a failover","internal/redisstore/journal.go","\t\tcase !time.Now().Before(e.end):\n","\t\tcase false:\n","./internal/redisstore","TestChargeJournalFailover"),
+    ("340 a confirmed charge's room never given back","internal/redisstore/journal.go","\t\tj.bytes -= j.entries[k].size\n\t\tk++","\t\tk++","./internal/redisstore","TestChargeJournalFreesConfirmed"),
 ]
 only = sys.argv[1:]
 missed = 0

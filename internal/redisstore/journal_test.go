@@ -99,12 +99,19 @@ func TestChargeJournalFailover(t *testing.T) {
 			if got, err := charged(t, s, "spend"); err != nil || got != 140 {
 				t.Fatalf("the master counts %d (%v), want 140", got, err)
 			}
+			// A charge on a second's window, which ends long before the
+			// failover: never applied again, into a window that never
+			// had it.
+			brief := limit.Check{Key: "brief", Limit: 1_000_000, WindowUS: 1e6, Hits: 9, Usage: true, FlightS: 300}
+			if _, err := s.Evaluate(ctx, []limit.Check{brief}); err != nil {
+				t.Fatal(err)
+			}
 			if on {
 				// Rounds have asked (each waits up to 200 ms for an
 				// acknowledgement), and the held replica gave none.
 				time.Sleep(time.Second)
-				if n := testutil.ToFloat64(m.JournalPending); n != 1 {
-					t.Fatalf("%v charges pending with the replica held, want 1", n)
+				if n := testutil.ToFloat64(m.JournalPending); n != 2 {
+					t.Fatalf("%v charges pending with the replica held, want 2", n)
 				}
 			}
 			oldMaster := st.Master.Addr()
@@ -136,6 +143,9 @@ func TestChargeJournalFailover(t *testing.T) {
 				}
 				if n := journalOutcome(m, redisstore.JournalReapplied); n != 1 {
 					t.Errorf("%d charges re-applied, want 1", n)
+				}
+				if n := journalOutcome(m, redisstore.JournalExpired); n != 1 {
+					t.Errorf("%d charges expired at the failover, want 1 (the second's window had ended)", n)
 				}
 			}
 			t.Logf("journal %v: the new master counts %d of the 140 charged", on, got)
@@ -217,5 +227,33 @@ func TestChargeJournalNoReplica(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "level=ERROR") {
 		t.Errorf("errors logged:\n%s", logs.String())
+	}
+}
+
+// TestChargeJournalFreesConfirmed: a confirmed charge gives its room
+// back: twenty charges, each confirmed by the replica before the next,
+// pass through a journal with room for five, and none is dropped.
+func TestChargeJournalFreesConfirmed(t *testing.T) {
+	master := redistest.Start(t)
+	redistest.Start(t, "--replicaof", "127.0.0.1", fmt.Sprint(master.Port))
+	ctx := context.Background()
+	waitFor(t, 20*time.Second, "the replica connected", func() bool {
+		info, _ := master.Client().Info(ctx, "replication").Result()
+		return redisstore.InfoField(info, "connected_slaves") == "1"
+	})
+	m := metrics.New("test")
+	s, err := redisstore.New(redisstore.Options{URL: master.URL(), Timeout: time.Second, ChargeJournal: true, JournalBytes: 5 * 170, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 20 {
+		if _, err := s.Evaluate(ctx, []limit.Check{journalCharge(fmt.Sprintf("f%d", i), 7)}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 20*time.Second, fmt.Sprintf("charge %d confirmed", i+1), func() bool { return journalOutcome(m, redisstore.JournalConfirmed) == i+1 })
+	}
+	if dropped := journalOutcome(m, redisstore.JournalDropped); dropped != 0 {
+		t.Errorf("%d charges dropped from a journal each confirmed charge left", dropped)
 	}
 }
