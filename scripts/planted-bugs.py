@@ -360,6 +360,8 @@ muts = [
     ("338 a call past its deadline still sent after a stall","internal/redisstore/batch.go","\t\terr := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {\n\t\t\terr = context.DeadlineExceeded\n\t\t}\n","\t\tvar err error\n","./internal/redisstore","TestExpiredCallNotSent"),
     ("339 a charge whose window ended re-applied after a failover","internal/redisstore/journal.go","\t\tcase !time.Now().Before(e.end):\n","\t\tcase false:\n","./internal/redisstore","TestChargeJournalFailover"),
     ("340 a confirmed charge's room never given back","internal/redisstore/journal.go","\t\tj.bytes -= j.entries[k].size\n\t\tk++","\t\tk++","./internal/redisstore","TestChargeJournalFreesConfirmed"),
+    ("341 an RLQS failure answers for FailureTTL whatever its length","internal/rlqs/rlqs.go","\treturn min(d.Truncate(time.Second)+time.Second, s.opts.FailureTTL)\n","\t_ = d\n\treturn s.opts.FailureTTL\n","./internal/rlqs","TestFailureMode"),
+    ("343 RLQS grants failing forever once they failed","internal/rlqs/sizing.go","\ts.failingSince.Store(0)\n","","./internal/rlqs","TestFailureMode"),
 ]
 only = sys.argv[1:]
 missed = 0

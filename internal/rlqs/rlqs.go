@@ -17,6 +17,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/options"
@@ -84,9 +85,10 @@ type Options struct {
 	// Envoy forgets it, and reports it anew with its next request. Zero
 	// means DefaultIdleAfter.
 	IdleAfter time.Duration
-	// FailureTTL is how long a failure-mode answer (the store could not
-	// grant) lasts; Envoy's next report asks again. Zero means
-	// DefaultFailureTTL.
+	// FailureTTL is the longest a failure-mode answer (the store could
+	// not grant) lasts: one given when grants have failed for a time
+	// lasts about that time, at least a second, and the session asks the
+	// store again halfway through it. Zero means DefaultFailureTTL.
 	FailureTTL time.Duration
 	// AllowTTL is how long ALLOW_ALL lasts for buckets without a limit
 	// (no rule, unlimited, shadow mode); each report renews it, and a
@@ -137,6 +139,21 @@ type Server struct {
 	counters map[string]*counter // by counter key: what the sessions share
 	done     chan struct{}
 	stopOnce sync.Once
+	// failingSince is when the store's grants began failing (Unix ns
+	// of the server's clock; 0 while they succeed): a failure answer
+	// lasts about as long as the failure has (failureTTL).
+	failingSince atomic.Int64
+}
+
+// failureTTL is how long a failure answer given now lasts: as long as
+// grants have been failing, in whole seconds, at least one and at most
+// FailureTTL. One slow round trip on a starved machine then costs a
+// second of the failure mode, not FailureTTL of it; an outage soon
+// answers for FailureTTL at a time.
+func (s *Server) failureTTL(now time.Time) time.Duration {
+	s.failingSince.CompareAndSwap(0, now.UnixNano())
+	d := now.Sub(time.Unix(0, s.failingSince.Load()))
+	return min(d.Truncate(time.Second)+time.Second, s.opts.FailureTTL)
 }
 
 // New returns a server granting from store by plan's rules.

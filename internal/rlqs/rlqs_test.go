@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -170,18 +171,68 @@ func (failing) Grant(context.Context, []limit.GrantOp) ([]limit.GrantResult, err
 	return nil, errors.New("redis down")
 }
 
+// flaky is a store whose grants fail while down is set.
+type flaky struct {
+	*memstore.Store
+	down atomic.Bool
+}
+
+func (f *flaky) Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error) {
+	if f.down.Load() {
+		return nil, errors.New("redis timeout")
+	}
+	return f.Store.Grant(ctx, ops)
+}
+
 // TestFailureMode: a store that cannot grant answers by the rule's
-// failure mode, for FailureTTL.
+// failure mode, for as long as grants have been failing (a second at
+// first, FailureTTL at most), and the session asks the store again
+// halfway through; once grants succeed again the next failure starts
+// at a second.
 func TestFailureMode(t *testing.T) {
 	srv, m := unitServer(t, kindsRules, failing{memstore.New(memstore.Options{})}, rlqs.Options{FailureTTL: 7 * time.Second})
 	ss, _ := srv.NewSession()
 	defer ss.Close()
-	resp, _ := ss.Report(context.Background(), t0, report("edge", map[string]string{"tenant": "a", "route": "login"}, map[string]string{"tenant": "a"}))
-	if got := actions(resp); got != "deny/7s allow/7s" {
-		t.Errorf("failure answers %q, want deny (login: failure_mode deny) then allow (the default)", got)
+	ids := []map[string]string{{"tenant": "a", "route": "login"}, {"tenant": "a"}}
+	for _, step := range []struct {
+		at   time.Duration
+		want string
+	}{
+		{0, "deny/1s allow/1s"},
+		{3 * time.Second, "deny/4s allow/4s"},
+		{30 * time.Second, "deny/7s allow/7s"},
+	} {
+		resp, _ := ss.Report(context.Background(), t0.Add(step.at), report("edge", ids...))
+		if got := actions(resp); got != step.want {
+			t.Errorf("failing for %v: answers %q, want %q (login: failure_mode deny, then the default allow)", step.at, got, step.want)
+		}
 	}
-	if n := testutil.ToFloat64(m.RLQSGrants.WithLabelValues("failed")); n != 2 {
-		t.Errorf("failed grants = %v, want 2", n)
+	if n := testutil.ToFloat64(m.RLQSGrants.WithLabelValues("failed")); n != 6 {
+		t.Errorf("failed grants = %v, want 6", n)
+	}
+	if w := ss.NextWake(); !w.Equal(t0.Add(30*time.Second + 3500*time.Millisecond)) {
+		t.Errorf("next wake %v, want halfway through the last answer", w.Sub(t0))
+	}
+
+	st := &flaky{Store: memstore.New(memstore.Options{Now: func() time.Time { return t0 }})}
+	srv2, _ := unitServer(t, kindsRules, st, rlqs.Options{FailureTTL: 7 * time.Second})
+	s2, _ := srv2.NewSession()
+	defer s2.Close()
+	if resp := counts(t, s2, t0, "edge", map[string]string{"tenant": "b"}, 10, 0); granted(resp) == 0 {
+		t.Fatalf("a grant first: %q", actions(resp))
+	}
+	st.down.Store(true)
+	if got := actions(counts(t, s2, t0.Add(6*time.Second), "edge", map[string]string{"tenant": "c"}, 1, 0)); got != "allow/1s" {
+		t.Errorf("at the failure's start: %q, want allow/1s", got)
+	}
+	if got := actions(counts(t, s2, t0.Add(8*time.Second), "edge", map[string]string{"tenant": "d"}, 1, 0)); got != "allow/3s" {
+		t.Errorf("two seconds into the failure: %q, want allow/3s", got)
+	}
+	st.down.Store(false)
+	counts(t, s2, t0.Add(9*time.Second), "edge", map[string]string{"tenant": "e"}, 1, 0)
+	st.down.Store(true)
+	if got := actions(counts(t, s2, t0.Add(10*time.Second), "edge", map[string]string{"tenant": "f"}, 1, 0)); got != "allow/1s" {
+		t.Errorf("a failure after grants succeeded again: %q, want allow/1s", got)
 	}
 }
 

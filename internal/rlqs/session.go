@@ -157,7 +157,9 @@ func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLi
 		if err := ss.replan(b, rules, keys); err != nil {
 			// No rules in force: nothing to grant from; the failure
 			// mode answers, as ShouldRateLimit's callers are answered.
-			out = append(out, ss.failure(b, now))
+			if a := ss.failure(b, now, ss.srv.opts.FailureTTL); a != nil {
+				out = append(out, a)
+			}
 			continue
 		}
 		if b.plan.Kind != service.BucketCounted {

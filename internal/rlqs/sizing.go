@@ -171,12 +171,16 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 	var out []*rlqsv3.RateLimitQuotaResponse_BucketAction
 	if err != nil {
 		s.log.Warn("rlqs: the store cannot grant; answering by failure mode", "buckets", len(need), "err", err)
+		ttl := s.failureTTL(now)
 		for _, b := range need {
 			s.m.RLQSGrant("failed", 0)
-			out = append(out, ss.failure(b, now))
+			if a := ss.failure(b, now, ttl); a != nil {
+				out = append(out, a)
+			}
 		}
 		return out
 	}
+	s.failingSince.Store(0)
 	var back []limit.GrantOp
 	for i, b := range need {
 		r := res[i]
@@ -250,11 +254,21 @@ func (ss *Session) denyUntil(b *bucket, now time.Time, reset time.Duration) *rlq
 	return ss.assign(b, denyAll(), ttl, sentDeny)
 }
 
-// failure answers by the bucket's failure mode for FailureTTL.
-func (ss *Session) failure(b *bucket, now time.Time) *rlqsv3.RateLimitQuotaResponse_BucketAction {
-	b.wake = time.Time{}
-	if b.plan.Failure == config.FailureDeny {
-		return ss.assign(b, denyAll(), ss.srv.opts.FailureTTL, sentDeny)
+// failure answers by the bucket's failure mode for ttl, and asks the
+// store again halfway through it (half a second at the soonest), so
+// that a grant replaces the answer before it ends once the store is
+// back. A bucket whose Envoy still holds tokens of a grant keeps them:
+// the failure mode's answer would throw them away (DENY_ALL) or lift
+// the limit (ALLOW_ALL) for a hiccup; it is asked about again in a
+// second.
+func (ss *Session) failure(b *bucket, now time.Time, ttl time.Duration) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	if b.holds(now) {
+		b.wake = now.Add(time.Second)
+		return nil
 	}
-	return ss.assign(b, allowAll(), ss.srv.opts.FailureTTL, sentAllow)
+	b.wake = now.Add(max(ttl/2, 500*time.Millisecond))
+	if b.plan.Failure == config.FailureDeny {
+		return ss.assign(b, denyAll(), ttl, sentDeny)
+	}
+	return ss.assign(b, allowAll(), ttl, sentAllow)
 }
