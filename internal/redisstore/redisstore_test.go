@@ -612,7 +612,10 @@ func twoStores(t *testing.T) (*redisstore.Store, *memstore.Store, *atomic.Int64)
 	t.Helper()
 	srv := redistest.Start(t)
 	clock := new(atomic.Int64)
-	clock.Store(time.Now().UnixMicro())
+	// Ten minutes into an hour, whatever the wall clock says: a test
+	// that moves the clock by seconds keeps its hour's window (one run
+	// at 02:59:59 saw a budget's counter start afresh mid-test).
+	clock.Store(time.Now().Truncate(time.Hour).Add(10 * time.Minute).UnixMicro())
 	now := func() time.Time { return time.UnixMicro(clock.Load()) }
 	return newStore(t, srv, now), memstore.New(memstore.Options{Now: now}), clock
 }
