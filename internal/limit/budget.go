@@ -105,7 +105,13 @@ func role(c *Check, st *State) budgetRole {
 // paired reports a usage call whose request was admitted before: the
 // request's stream end, a charge whatever its hits.
 func paired(c *Check, st *State) bool {
-	return c.PairID != "" && st.PairMS > 0 && c.Usage && !c.Refund && c.Algorithm == FixedWindow
+	return c.PairID != "" && st.PairMS > 0 && c.budgeted()
+}
+
+// budgeted reports a call a budget may take: a usage call, not a
+// refund, on a fixed window.
+func (c *Check) budgeted() bool {
+	return c.Usage && !c.Refund && c.Algorithm == FixedWindow
 }
 
 // landPaired takes a paired stream end's charge of hits: the stream's

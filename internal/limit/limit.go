@@ -372,7 +372,7 @@ func normalize(c *Check, st State, now int64) State {
 // over reports whether hits more would exceed the limit; for a budget
 // check (Usage, no hits), whether nothing is left for it.
 func over(c *Check, st *State, now int64, hits uint64) bool {
-	if c.Algorithm == FixedWindow && c.Usage && !c.Refund {
+	if c.budgeted() {
 		switch role(c, st) {
 		case budgetCheck:
 			return budgetOver(c, st, hits)
@@ -429,7 +429,7 @@ func apply(c *Check, st *State, now int64, consume bool) {
 	default:
 		// The role is the one decided on: before the count moves.
 		rl := budgetNone
-		if c.Usage && !c.Refund && c.Algorithm == FixedWindow {
+		if c.budgeted() {
 			rl = role(c, st)
 		}
 		switch {
@@ -438,16 +438,20 @@ func apply(c *Check, st *State, now int64, consume bool) {
 		case consume:
 			st.Count = min(st.Count+hits, maxCount(c.Algorithm))
 		}
+		if !consume || !c.budgeted() {
+			return
+		}
 		switch {
-		case !consume:
 		case rl == budgetCharge && c.PairID != "":
 			landPaired(st, now, hits)
+			return
 		case rl == budgetCharge:
 			land(st, now, hits)
+			return
 		case rl == budgetCheck:
 			fly(c, st, now)
 		}
-		if consume && rl != budgetCharge && c.PairID != "" && c.Usage && !c.Refund && c.Algorithm == FixedWindow {
+		if c.PairID != "" {
 			// The request's first call, admitted: its next is its end.
 			st.PairMS, st.PairFlew = now/1000, rl == budgetCheck
 		}

@@ -409,19 +409,41 @@ local function retry(q, bs, pair)
   return math.max(math.min(at, e[q]) - now, 0)
 end
 
+-- readkey returns KEYS[x]'s value: what this call wrote, else what the
+-- call-wide MGET read, else its own MGET (like the call-wide read, a key
+-- of another type reads as absent instead of failing the request); nil
+-- when absent.
+local function readkey(x)
+  local raw
+  if vals then
+    raw = written[KEYS[x]]
+    if raw == nil then raw = vals[x] end
+  else
+    raw = redis.call('MGET', KEYS[x])[1]
+  end
+  return raw or nil
+end
+
+-- writekey stores val in KEYS[x] for ex (PX), or deletes the key when val
+-- is nil; raw is what it held (nothing is written when that is val).
+local function writekey(x, val, ex, raw)
+  local key = KEYS[x]
+  if not val then
+    if raw then
+      redis.call('DEL', key)
+      written[key] = false
+    end
+  elseif val ~= raw then
+    redis.call('SET', key, val, 'PX', ex)
+    written[key] = val
+  end
+end
+
 -- pairread reads counter key k's pair (rule q): {when its request was
 -- admitted (ms; 0 none, or admitted longer than the usage timeout ago:
 -- limit.normalize), whether its check flew, the pair key's stored value}.
 local function pairread(k, q)
-  local pk = pidx[k]
-  local raw
-  if vals then
-    raw = written[KEYS[pk]]
-    if raw == nil then raw = vals[pk] end
-  else
-    raw = redis.call('MGET', KEYS[pk])[1]
-  end
-  if not raw then raw = nil end
+  local raw = readkey(pidx[k])
   local sm, sf
   if raw then sm, sf = match(raw, '^(%d+):([01])$') end
   if sm and tonumber(sm) * 1000 + fsec[q] * 1000000 >= now then return {tonumber(sm), sf == '1', raw} end
@@ -431,18 +453,13 @@ end
 -- pairwrite keeps in counter key k's pair key that its request was
 -- admitted now, and whether its check flew (flew); flew nil forgets it.
 local function pairwrite(k, q, pr, flew)
-  local pk = KEYS[pidx[k]]
-  if flew == nil then
-    if pr[3] then
-      redis.call('DEL', pk)
-      written[pk] = false
-    end
-    return
+  local v, ex = nil, nil
+  if flew ~= nil then
+    v = format('%d:0', nowms)
+    if flew then v = format('%d:1', nowms) end
+    ex = px(nowms * 1000 + fsec[q] * 1000000 + GRACE)
   end
-  local v = format('%d:0', nowms)
-  if flew then v = format('%d:1', nowms) end
-  redis.call('SET', pk, v, 'PX', px(nowms * 1000 + fsec[q] * 1000000 + GRACE))
-  written[pk] = v
+  writekey(pidx[k], v, ex, pr[3])
 end
 
 -- decide decides the n keys from KEYS[k0+1], appending to out.
@@ -464,16 +481,7 @@ local function decide(k0, n)
     local refund, veto = f % 2 == FLAG_REFUND, f % 4 < FLAG_NO_VETO
     local usage = f >= FLAG_USAGE
     local budget = usage and h == 0 and kind == BY_HITS
-    local raw
-    if vals then
-      raw = written[KEYS[k]]
-      if raw == nil then raw = vals[k] end
-    else
-      -- MGET, like the call-wide read: a key of another type reads as
-      -- absent instead of failing the request.
-      raw = redis.call('MGET', KEYS[k])[1]
-    end
-    if not raw then raw = nil end
+    local raw = readkey(k)
     local a, c, p, o, bs, rl = alg[q], 0, 0, false, false, 0
     local pr = pair and usage and not refund and a == FIXED_WINDOW and pairread(k, q)
     local pms = 0
@@ -601,15 +609,7 @@ local function decide(k0, n)
         end
       end
     end
-    if not val then
-      if raw then
-        redis.call('DEL', KEYS[k])
-        written[KEYS[k]] = false
-      end
-    elseif val ~= raw then
-      redis.call('SET', KEYS[k], val, 'PX', ex)
-      written[KEYS[k]] = val
-    end
+    writekey(k, val, ex, raw)
     if pr then
       -- The request's first call admitted keeps when, for its stream
       -- end, which forgets it (limit.Decide).
