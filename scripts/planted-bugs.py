@@ -362,6 +362,10 @@ muts = [
     ("340 a confirmed charge's room never given back","internal/redisstore/journal.go","\t\tj.bytes -= j.entries[k].size\n\t\tk++","\t\tk++","./internal/redisstore","TestChargeJournalFreesConfirmed"),
     ("341 an RLQS failure answers for FailureTTL whatever its length","internal/rlqs/rlqs.go","\treturn min(d.Truncate(time.Second)+time.Second, s.opts.FailureTTL)\n","\t_ = d\n\treturn s.opts.FailureTTL\n","./internal/rlqs","TestFailureMode"),
     ("343 RLQS grants failing forever once they failed","internal/rlqs/sizing.go","\ts.failingSince.Store(0)\n","","./internal/rlqs","TestFailureMode"),
+    ("344 the script's stated 1 a budget check, against the incumbent's suite","internal/redisstore/scripts/decide.lua","  if kind == COST_CHECK then\n    if budget then return 1 end","  if kind == COST_CHECK then\n    if true then return 1 end","./cmd/ratelimitd","TestIncumbentSuitePatterns"),
+    ("345 the script's stated 1 a budget check (fast path too), across two instances","internal/redisstore/scripts/decide.lua",["  if kind == COST_CHECK then\n    if budget then return 1 end","  if fl ~= 0 and fl ~= COST_FLAGS then return false end"],["  if kind == COST_CHECK then\n    if true then return 1 end","  if fl ~= 0 then return false end"],"./cmd/ratelimitd","TestStatedOneAcrossInstances"),
+    ("346 a cost-0 stream end in flight holds the next flows","internal/limit/budget.go",["\tcase CostCheck:\n\t\tif st.Charges > 0 {","st.Charges > 0 || st.Count == 0 && !st.Peek"],["\tcase CostCheck:\n\t\tif st.Charges > 0 || len(st.Flights) > 0 {","st.Charges > 0 || !st.Peek"],"./internal/service","TestQuotaFlowsOfCostZero"),
+    ("347 a weighted call crossing the limit not recorded","internal/limit/limit.go","(c.Kind == ByHits || c.Kind == PlainCharge) && c.Hits > 0","c.Kind == PlainCharge && c.Hits > 0","./internal/service","TestWeightedClient"),
 ]
 only = sys.argv[1:]
 missed = 0

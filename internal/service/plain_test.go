@@ -169,17 +169,17 @@ func TestQuotaFlowsOfCost(t *testing.T) {
 	})
 }
 
-// TestWeightedClient: a client stating hits 5 on a request limit of 20
-// (not a budget: nothing ever checks with 0 or 1): four go, the fifth is
-// refused and, as a call stating its hits under rejected_hits usage,
-// recorded (as the incumbent counts it); under rejected_hits nothing it
-// consumes nothing.
+// TestWeightedClient: a client stating hits 5 on a request limit of 20:
+// three go, and a call of 10 that crosses the limit is refused and, as a
+// call stating its hits under rejected_hits usage, recorded (as the
+// incumbent counts it): a request after it finds nothing left.
 func TestWeightedClient(t *testing.T) {
 	clockedWith(t, plainShapes, service.Options{}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
-		for i := range 4 {
+		for i := range 3 {
 			wantStatus(t, fmt.Sprintf("weighted %d", i+1), call(t, s, aiRequest(tokens(5, "minute", "w"))), rlsv3.RateLimitResponse_OK, uint32(15-5*i), time.Minute)
 		}
-		wantStatus(t, "weighted 5", call(t, s, aiRequest(tokens(5, "minute", "w"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, time.Minute)
+		wantStatus(t, "a weight of 10 crossing the limit", call(t, s, aiRequest(tokens(10, "minute", "w"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, time.Minute)
+		wantStatus(t, "a request after it", call(t, s, aiRequest(desc("minute", "w"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, time.Minute)
 	})
 }
 
