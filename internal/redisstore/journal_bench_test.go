@@ -103,17 +103,16 @@ func chargeFailover(b *testing.B, streams int, on bool) failoverRun {
 	old := st.Master.Addr()
 	st.Master.Kill()
 	link.Cut()
+	st.AwaitFailover(b, old, 20*time.Second, 60*time.Second)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if a, err := st.MasterAddr(ctx); err == nil && a != old {
-			if _, err := s.Evaluate(ctx, []limit.Check{budget}); err == nil {
-				break
-			}
+		if _, err := s.Evaluate(ctx, []limit.Check{budget}); err == nil {
+			break
 		}
 		if time.Now().After(deadline) {
 			close(stop)
 			wg.Wait()
-			b.Fatal("no failover within 60s")
+			b.Fatal("the store found no new master within 60s of the failover")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -117,10 +117,7 @@ func TestChargeJournalFailover(t *testing.T) {
 			oldMaster := st.Master.Addr()
 			st.Master.Kill()
 			link.Cut()
-			waitFor(t, 60*time.Second, "Sentinel's failover", func() bool {
-				a, err := st.MasterAddr(ctx)
-				return err == nil && a != oldMaster
-			})
+			st.AwaitFailover(t, oldMaster, 20*time.Second, 60*time.Second)
 			want := uint64(100)
 			if on {
 				want = 140

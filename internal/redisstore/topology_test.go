@@ -272,20 +272,8 @@ func TestSentinelFailover(t *testing.T) {
 	oldMaster := st.Master.Addr()
 	st.Master.Kill()
 	killedAt := time.Now()
+	newMaster := st.AwaitFailover(t, oldMaster, 20*time.Second, 60*time.Second)
 	deadline := time.Now().Add(30 * time.Second)
-	var newMaster string
-	for time.Now().Before(deadline) {
-		if a, err := st.MasterAddr(ctx); err == nil && a != oldMaster {
-			newMaster = a
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if newMaster == "" {
-		close(stop)
-		wg.Wait()
-		t.Fatal("no failover within 30s")
-	}
 	// Decisions resume on the new master.
 	before := admitted.Load()
 	for admitted.Load() < before+50 && time.Now().Before(deadline) {

@@ -175,3 +175,48 @@ func (s *Sentinel) MasterAddr(ctx context.Context) (string, error) {
 	}
 	return addr[0] + ":" + addr[1], nil
 }
+
+// AwaitFailover waits until the sentinels name a master other than old
+// and returns it. A linked set's sentinels run with a failover-timeout
+// of ten minutes (see startSentinel), so an attempt that fails (an
+// election split on a busy machine) would be tried again only after
+// twenty: past force without a new master, AwaitFailover asks a
+// sentinel for the failover, as an operator would, and logs the
+// sentinels' logs. Past within it fails the test with them.
+func (s *Sentinel) AwaitFailover(t testing.TB, old string, force, within time.Duration) string {
+	t.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	forced := false
+	for {
+		if a, err := s.MasterAddr(ctx); err == nil && a != old {
+			return a
+		}
+		if !forced && time.Since(start) > force {
+			forced = true
+			var answers []string
+			for _, sn := range s.Sentinels {
+				err := sn.Client().Do(ctx, "SENTINEL", "FAILOVER", s.Name).Err()
+				answers = append(answers, fmt.Sprintf("%s: %v", sn.Addr(), err))
+				if err == nil {
+					break
+				}
+			}
+			t.Logf("redistest: no failover %v after the master stopped; asked for one (%s)\n%s", force, strings.Join(answers, "; "), s.logs())
+		}
+		if time.Since(start) > within {
+			t.Fatalf("redistest: no failover within %v\n%s", within, s.logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// logs returns the tail of each sentinel's log.
+func (s *Sentinel) logs() string {
+	var b strings.Builder
+	for _, sn := range s.Sentinels {
+		log, _ := os.ReadFile(filepath.Join(sn.dir, "redis.log"))
+		fmt.Fprintf(&b, "--- sentinel %s\n%s\n", sn.Addr(), tail(string(log)))
+	}
+	return b.String()
+}
