@@ -366,6 +366,8 @@ muts = [
     ("345 the script's stated 1 a budget check (fast path too), across two instances","internal/redisstore/scripts/decide.lua",["  if kind == COST_CHECK then\n    if budget then return 1 end","  if fl ~= 0 and fl ~= COST_FLAGS then return false end"],["  if kind == COST_CHECK then\n    if true then return 1 end","  if fl ~= 0 then return false end"],"./cmd/ratelimitd","TestStatedOneAcrossInstances"),
     ("346 a cost-0 stream end in flight holds the next flows","internal/limit/budget.go",["\tcase CostCheck:\n\t\tif st.Charges > 0 {","st.Charges > 0 || st.Count == 0 && !st.Peek"],["\tcase CostCheck:\n\t\tif st.Charges > 0 || len(st.Flights) > 0 {","st.Charges > 0 || !st.Peek"],"./internal/service","TestQuotaFlowsOfCostZero"),
     ("347 a weighted call crossing the limit not recorded","internal/limit/limit.go","(c.Kind == ByHits || c.Kind == PlainCharge) && c.Hits > 0","c.Kind == PlainCharge && c.Hits > 0","./internal/service","TestWeightedClient"),
+    ("348 the cross-instance runs-out estimate reads the remainder as use","internal/rlqs/sizing.go","\tused := float64(c.Limit - min(c.Limit, d.remaining))\n","\tused := float64(d.remaining)\n","./internal/rlqs","TestRunsOutAcrossInstances"),
+    ("349 charges noted after the round began re-applied at a master change","internal/redisstore/journal.go","\t\tfor k < len(j.entries) && j.entries[k].seq <= upTo {\n\t\t\tk++\n\t\t}\n\t\tj.redo","\t\tfor k < len(j.entries) {\n\t\t\tk++\n\t\t}\n\t\tj.redo","./internal/redisstore","TestJournalRoundLeavesNewCharges"),
 ]
 only = sys.argv[1:]
 missed = 0

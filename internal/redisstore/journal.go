@@ -194,11 +194,17 @@ func (j *journal) len() int {
 // barrier is waited for, and the charges noted since the round began
 // (upTo) are left to the next round, as the new master's.
 func (j *journal) round(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, journalWait+j.s.timeout)
-	defer cancel()
 	j.mu.Lock()
 	upTo, pending := j.seq, len(j.entries)
 	j.mu.Unlock()
+	j.roundUpTo(ctx, upTo, pending)
+}
+
+// roundUpTo is the round begun when the journal's last charge was upTo
+// and it held pending charges.
+func (j *journal) roundUpTo(ctx context.Context, upTo uint64, pending int) {
+	ctx, cancel := context.WithTimeout(ctx, journalWait+j.s.timeout)
+	defer cancel()
 	conn := j.s.client.(interface {
 		Conn() *redis.Conn
 	}).Conn()
