@@ -368,6 +368,16 @@ muts = [
     ("347 a weighted call crossing the limit not recorded","internal/limit/limit.go","(c.Kind == ByHits || c.Kind == PlainCharge) && c.Hits > 0","c.Kind == PlainCharge && c.Hits > 0","./internal/service","TestWeightedClient"),
     ("348 the cross-instance runs-out estimate reads the remainder as use","internal/rlqs/sizing.go","\tused := float64(c.Limit - min(c.Limit, d.remaining))\n","\tused := float64(d.remaining)\n","./internal/rlqs","TestRunsOutAcrossInstances"),
     ("349 charges noted after the round began re-applied at a master change","internal/redisstore/journal.go","\t\tfor k < len(j.entries) && j.entries[k].seq <= upTo {\n\t\t\tk++\n\t\t}\n\t\tj.redo","\t\tfor k < len(j.entries) {\n\t\t\tk++\n\t\t}\n\t\tj.redo","./internal/redisstore","TestJournalRoundLeavesNewCharges"),
+    ('350 a charge the store could not take not kept','internal/redisstore/journal.go','\t\t// a connection broken): applied, erring towards counting twice.\n\t\tj.keep(checks, unsent)\n','\t\t// a connection broken): applied, erring towards counting twice.\n','./internal/redisstore','TestChargesKeptThroughOutage'),
+    ('351 a charge sent and unanswered dropped','internal/redisstore/journal.go','\tcase sent && readTimedOut(err):\n\t\tj.keep(checks, unanswered)\n','\tcase sent && readTimedOut(err):\n','./internal/redisstore','TestUnansweredChargeNotLost'),
+    ('352 an unanswered charge the same master ran applied again','internal/redisstore/journal.go','if e.master == "" || e.master != id {','if true {','./internal/redisstore','TestStalledChargesCountedOnce'),
+    ('353 a kept charge applied after its window ended','internal/redisstore/journal.go','\t\tif !time.Now().Before(redo[i].end) {\n\t\t\toutcome[i] = JournalExpired','\t\tif false {\n\t\t\toutcome[i] = JournalExpired','./internal/redisstore','TestChargesKeptThroughOutage'),
+    ("354 kept charges outside the journal's bound",'internal/redisstore/journal.go','[]*[]journalEntry{&j.redo, &j.unsure, &j.entries}','[]*[]journalEntry{&j.entries}','./internal/redisstore','TestKeptChargesBounded'),
+    ('355 a closing store gives kept charges one round','internal/redisstore/journal.go','\tdeadline := time.Now().Add(JournalHandoff)\n','\tdeadline := time.Now()\n','./internal/redisstore','TestCloseHandsKeptChargesOver'),
+    ('356 a dispatched charge recorded but not journaled','internal/redisstore/batch.go','\tif c.keep && c.store != nil {\n','\tif c.keep && c.store != nil && err != nil {\n','./internal/redisstore','TestChargeJournalFailover'),
+    ("357 the incumbent's counts not carried by default on the swap",'cmd/ratelimitd/settings.go','\t\ts.svc.CarryIncumbent = true\n\t}','\t}','./cmd/ratelimitd','TestCarryIncumbentCountsOnSwap'),
+    ('358 the charge journal off unless asked for','cmd/ratelimitd/settings.go','s.redis.ChargeJournalAuto = s.journal == "" || s.journal == "auto"','s.redis.ChargeJournalAuto = s.journal == "auto"','./cmd/ratelimitd','TestChargeJournalDefault'),
+    ("359 the store ignores the journal's auto",'internal/redisstore/redisstore.go','case opts.ChargeJournal || opts.ChargeJournalAuto && mode != ModeCluster:','case opts.ChargeJournal:','./internal/redisstore','TestChargesKeptThroughOutage'),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -129,7 +129,7 @@ func TestTokenBudget(t *testing.T) {
 			budgetSequence(t, rlsv3.NewRateLimitServiceClient(dial(t, addr.grpcAddr)), "xds-"+cache)
 		})
 		t.Run("native flags, cache "+cache, func(t *testing.T) {
-			in := start(t, env(nil), "--config", writeRules(t, budgetYAML), "--redis-url", srv.URL(), "--local-cache-size", cache)
+			in := start(t, env(nil), "--config", writeRules(t, budgetYAML), "--redis-url", srv.URL(), "--redis-timeout", "2s", "--local-cache-size", cache)
 			budgetSequence(t, rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr)), "native-"+cache)
 		})
 	}

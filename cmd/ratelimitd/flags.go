@@ -145,3 +145,30 @@ func positiveRatio(r *float64, def float64) bounded[float64] {
 		return v, err == nil && v > 0 && v <= 1
 	})
 }
+
+// journalFlag is --charge-journal: auto (the default: on for single and
+// Sentinel Redis, off on Cluster), on (a bare flag, true) or off (false).
+type journalFlag string
+
+func (j *journalFlag) String() string {
+	if *j == "" {
+		return "auto"
+	}
+	return string(*j)
+}
+
+func (j *journalFlag) IsBoolFlag() bool { return true }
+
+func (j *journalFlag) Set(s string) error {
+	switch strings.ToLower(s) {
+	case "auto":
+		*j = "auto"
+	case "on", "true", "1":
+		*j = "on"
+	case "off", "false", "0":
+		*j = "off"
+	default:
+		return fmt.Errorf("want auto, on (true) or off (false), got %q", s)
+	}
+	return nil
+}

@@ -32,7 +32,7 @@ func TestRLQS(t *testing.T) {
 	redistest.AwayFromHourEnd(time.Minute)
 	srv := redistest.Start(t)
 	rules := writeRules(t, rlqsRules)
-	in := start(t, env(nil), "--config", rules, "--redis-url", srv.URL(), "--rlqs")
+	in := start(t, env(nil), "--config", rules, "--redis-url", srv.URL(), "--redis-timeout", "2s", "--rlqs")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e := rlqstest.New(rlqstest.Strict("edge"), rlqstest.GRPC(ctx, dial(t, in.grpcAddr)))

@@ -51,6 +51,7 @@ type settings struct {
 	debugAddr         string
 	localCacheSize    byteSize
 	journalSize       byteSize
+	journal           journalFlag // --charge-journal
 	responseHeaders   headersFlag
 	logLevel          slog.Level
 	logFormat         string
@@ -133,7 +134,7 @@ func xdsFlags(fs *flag.FlagSet, s *settings) {
 func redisFlags(fs *flag.FlagSet, s *settings) {
 	fs.StringVar(&s.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://); empty: the embedded in-memory store, limits per process")
 	fs.StringVar(&s.redisPerSecondURL, "redis-persecond-url", "", "a second Redis for the counters of one-second windows (envoyproxy/ratelimit's REDIS_PERSECOND), with --redis-url's mode, TLS files and timeouts; a request spanning both stays all or nothing")
-	fs.BoolVar(&s.svc.CarryIncumbent, "carry-incumbent-counts", false, "start each fixed-window counter from envoyproxy/ratelimit's count of the same descriptor and window (its key: <--key-prefix><domain>_<key>_<value>_..._<window start>) the first time this instance writes it in a window, so that a swap or a rolling update does not hand out a fresh budget; single or Sentinel Redis only (see docs/migrating.md)")
+	fs.BoolVar(&s.svc.CarryIncumbent, "carry-incumbent-counts", false, "start each fixed-window counter from envoyproxy/ratelimit's count of the same descriptor and window (its key: <--key-prefix><domain>_<key>_<value>_..._<window start>) the first time this instance writes it in a window, so that a swap or a rolling update does not hand out a fresh budget; single or Sentinel Redis only; on by default under --env-compat=envoyproxy with a single or Sentinel Redis (see docs/migrating.md)")
 	fs.StringVar(&s.redisPassFile, "redis-password-file", "", "file holding Redis's password (instead of one in --redis-url, which ps shows); a trailing newline is ignored")
 	fs.StringVar(&s.redis.Mode, "redis-mode", "", "single, sentinel or cluster (default: sentinel when --redis-url has master_name, else single)")
 	fs.StringVar(&s.redisTLSCA, "redis-tls-ca", "", "PEM file of the CA that signs Redis's certificate (with a rediss:// URL)")
@@ -142,7 +143,7 @@ func redisFlags(fs *flag.FlagSet, s *settings) {
 	fs.Var(positive(&s.redis.Timeout, redisstore.DefaultTimeout), "redis-timeout", "bound on each Redis call; a shorter gRPC deadline wins")
 	fs.Var(positive(&s.redis.BreakerOpenAfter, redisstore.DefaultBreakerOpenAfter), "breaker-open-after", "open the Redis breaker (answer by failure policy at once) only after round trips have kept failing this long, with no answer in between")
 	fs.IntVar(&s.redis.Dispatchers, "redis-dispatchers", 1, "batching dispatchers, each sending what queued during its previous round trip as one script call (one per hash slot on Cluster); -1: no batching, one round trip per request")
-	fs.BoolVar(&s.redis.ChargeJournal, "charge-journal", false, "keep each usage charge until a Redis replica acknowledges it, and apply the unacknowledged ones again when the master changes (a Sentinel failover, a restart): spend survives a failover, at the price of counting twice the charges of one 50ms round after it; single or Sentinel Redis (see docs/token-budgets.md)")
+	fs.Var(&s.journal, "charge-journal", "auto, on or off: keep each usage charge until a Redis replica acknowledges it, applying the unacknowledged ones again when the master changes (a Sentinel failover, a restart), and keep one Redis could not take (down, hung, failing over) to apply when it answers: spend survives, at the price of counting twice the charges of one 50ms round after a failover; auto: on for single and Sentinel Redis, off on Cluster and the in-memory store (see docs/token-budgets.md) (default auto)")
 	fs.Var(&s.journalSize, "charge-journal-size", "bytes the charge journal may hold (about 160 and the key a charge); past it the oldest unacknowledged charges are forgotten, counted (default 16MiB)")
 	fs.Var(positive(&s.lease.Interval, lease.DefaultInterval), "lease-interval", "how long a grant of a leased counter (lease: true) should last at its recent rate: longer means fewer Redis round trips and more hits held per instance")
 	fs.StringVar(&s.svc.KeyPrefix, "key-prefix", "", "prefix of every Redis key; changing it starts every counter afresh")
@@ -260,6 +261,11 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (flags only; see -h)", redisstore.Redact(fs.Arg(0)))
 	}
+	if compatFrom(args, getenv) == "envoyproxy" && !isSet(fs, "carry-incumbent-counts") && s.redisURL != "" && s.redis.Mode != redisstore.ModeCluster {
+		// Run as the incumbent's image, the swap keeps its counts: a
+		// monthly budget must not start afresh (docs/migrating.md).
+		s.svc.CarryIncumbent = true
+	}
 	for _, a := range args {
 		if name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "="); name == "redis-url" && strings.HasPrefix(a, "-") {
 			s.redisURLInArgs = true
@@ -267,6 +273,14 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 	}
 	s.finish()
 	return s, s.validate()
+}
+
+// isSet reports whether the flag name was set, by a variable or an
+// argument.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // enumValues are the values a flag that may stand bare (a bool-style
@@ -382,6 +396,8 @@ func (s *settings) finish() {
 	s.redis.URL = s.redisURL
 	s.redis.CarryIncumbent = s.svc.CarryIncumbent
 	s.redis.JournalBytes = int(s.journalSize)
+	s.redis.ChargeJournal = s.journal == "on"
+	s.redis.ChargeJournalAuto = s.journal == "" || s.journal == "auto"
 }
 
 // flagOf names each component option a flag sets, for their errors.

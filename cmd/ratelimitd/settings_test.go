@@ -28,7 +28,7 @@ func TestFlagBounds(t *testing.T) {
 		{[]string{"--redis-url", "redis://h:1", "--redis-mode", "ring"}, `--redis-mode "ring": want single, sentinel or cluster`},
 		{[]string{"--lease-interval", "2m"}, "--lease-interval 2m0s: want at most 1m"},
 		{[]string{"--charge-journal"}, "--charge-journal needs --redis-url"},
-		{[]string{"--redis-url", "redis://h:1", "--charge-journal-size", "1MiB"}, "--charge-journal-size needs --charge-journal"},
+		{[]string{"--redis-url", "redis://h:1", "--charge-journal=off", "--charge-journal-size", "1MiB"}, "--charge-journal-size needs the charge journal"},
 		{[]string{"--usage-timeout", "1500ms"}, "--usage-timeout 1.5s: want whole seconds from 1s to 24h"},
 		{[]string{"--near-limit-ratio", "1.5"}, "-near-limit-ratio"},
 		{[]string{"--response-header-limit", "bad header"}, `--response-header-limit "bad header": not an HTTP header name`},
@@ -123,6 +123,30 @@ func TestDefaults(t *testing.T) {
 		}
 		if err == nil || !strings.Contains(err.Error(), "rejected") {
 			t.Errorf("RATELIMITD_REJECTED_HITS=%s: %v, want the start refused", v, err)
+		}
+	}
+}
+
+// TestChargeJournalDefault: the charge journal is auto unless set
+// (redisstore turns it on for single and Sentinel Redis), and
+// --charge-journal takes on, off and a bare flag.
+func TestChargeJournalDefault(t *testing.T) {
+	for _, tt := range []struct {
+		args     []string
+		on, auto bool
+	}{
+		{nil, false, true},
+		{[]string{"--charge-journal"}, true, false},
+		{[]string{"--charge-journal=off"}, false, false},
+		{[]string{"--charge-journal=auto"}, false, true},
+	} {
+		args := append([]string{"--config", "rules.yaml", "--redis-url", "redis://h:1"}, tt.args...)
+		s, err := parseSettings(args, func(string) string { return "" }, io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", tt.args, err)
+		}
+		if s.redis.ChargeJournal != tt.on || s.redis.ChargeJournalAuto != tt.auto {
+			t.Errorf("%v: on %v, auto %v; want %v, %v", tt.args, s.redis.ChargeJournal, s.redis.ChargeJournalAuto, tt.on, tt.auto)
 		}
 	}
 }

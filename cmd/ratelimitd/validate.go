@@ -61,10 +61,10 @@ func (s *settings) validateRedis() error {
 	case (s.redisTLSCA != "" || s.redisTLSCert != "") && (!strings.HasPrefix(s.redisURL, "rediss://") ||
 		s.redisPerSecondURL != "" && !strings.HasPrefix(s.redisPerSecondURL, "rediss://")):
 		return errors.New("--redis-tls-* need rediss:// Redis URLs")
-	case s.redisURL == "" && s.redis.ChargeJournal:
+	case s.redisURL == "" && s.journal == "on":
 		return errors.New("--charge-journal needs --redis-url: the in-memory store has no replica to confirm a charge and loses everything with the process")
-	case s.journalSize != 0 && !s.redis.ChargeJournal:
-		return errors.New("--charge-journal-size needs --charge-journal")
+	case s.journalSize != 0 && s.journal == "off":
+		return errors.New("--charge-journal-size needs the charge journal (--charge-journal auto or on)")
 	}
 	return s.validateCarry()
 }

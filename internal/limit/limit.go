@@ -1,9 +1,15 @@
 package limit
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
+
+// ErrChargesKept is wrapped in a store's error when the usage charges of
+// the call it failed are kept by its charge journal, to be applied once
+// the store answers (redisstore's journal.go): not lost.
+var ErrChargesKept = errors.New("usage charges kept to apply when the store answers")
 
 // Algorithm is how a counter decides.
 type Algorithm uint8

@@ -73,7 +73,7 @@ func New(version string) *Metrics {
 		}, []string{"domain", "rule", "outcome"}),
 		Hits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_hits_total",
-			Help: "Hits (hits_addend: tokens, cost) of counted descriptors by domain, rule and result: charged (recorded on the counter), refused (not recorded: the call was refused), lost (not recorded: the store refused or could not be reached, and the failure policy answered) or unknown (maybe recorded: the store call timed out, or the caller went away).",
+			Help: "Hits (hits_addend: tokens, cost) of counted descriptors by domain, rule and result: charged (recorded on the counter), refused (not recorded: the call was refused), lost (not recorded: the store refused or could not be reached, and the failure policy answered) unknown (maybe recorded: the store call timed out, or the caller went away) or kept (a usage charge the store could not take, or whose outcome is unknown, kept by the charge journal to apply when it answers: see ratelimitd_charge_journal_total).",
 		}, []string{"domain", "rule", "result"}),
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_requests_total",
@@ -200,7 +200,7 @@ func New(version string) *Metrics {
 		}, []string{"reason"}),
 		JournalCharges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_charge_journal_total",
-			Help: "Usage charges through the charge journal (--charge-journal), by outcome: confirmed (a replica acknowledged it), reapplied (the master changed before that: applied again to the new one), expired (the master changed after its window ended: not applied again), failed (applying it again failed: kept for the next round), dropped (the journal was full: forgotten unconfirmed), no_replica (the master had no replica to confirm it: not kept), abandoned (the process stopped with it unconfirmed).",
+			Help: "Usage charges through the charge journal (--charge-journal), by outcome: confirmed (a replica acknowledged it), reapplied (the master changed before that: applied again to the new one), kept (the store could not take it, or its outcome is unknown: kept to apply), applied (a kept charge applied once the store answered), assumed (sent, unanswered, to a master still master: taken as recorded), refused (Redis refused it applied again with the script's error: dropped), expired (the master changed after its window ended: not applied again), failed (applying it again failed: kept for the next round), dropped (the journal was full: forgotten unconfirmed), no_replica (the master had no replica to confirm it: not kept), abandoned (the process stopped with it unconfirmed).",
 		}, []string{"outcome"}),
 		JournalPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratelimitd_charge_journal_pending",

@@ -66,11 +66,31 @@ type call struct {
 	res      []any
 	err      error
 	batch    int // the calls its round trip carried
+	// keep: its usage charges are settled in the journal, by whoever
+	// finishes it (before finishing: the caller may reuse it then).
+	keep  bool
+	store *Store
 }
 
 // finish answers c unless it is already answered. The finisher must not
 // touch c afterwards: its caller may reuse it at once.
 func (c *call) finish(res []any, batch int, err error) {
+	c.finishSent(res, batch, err, false)
+}
+
+// finishSent answers c as finish, its charges settled as sent or not.
+// Only its dispatcher settles: a deadline's finish answers the caller
+// and leaves the call to the dispatcher, which settles it when its round
+// trip ends (a late answer is a recorded charge).
+func (c *call) finishSent(res []any, batch int, err error, sent bool) {
+	if c.keep && c.store != nil {
+		c.store.journal.settle(c.checks, results(res, len(c.checks)), err, sent)
+	}
+	c.answer(res, batch, err)
+}
+
+// answer gives the caller its answer unless it has one.
+func (c *call) answer(res []any, batch int, err error) {
 	if !c.finished.CompareAndSwap(false, true) {
 		return
 	}
@@ -102,7 +122,7 @@ var expiries = sync.Pool{New: func() any {
 
 func (e *expiry) fire() {
 	if c := e.c.Load(); c != nil {
-		c.finish(nil, 0, context.DeadlineExceeded)
+		c.answer(nil, 0, context.DeadlineExceeded)
 	}
 }
 
@@ -226,11 +246,14 @@ func offer(b *batcher, c *call) error {
 // submit queues a call and waits for its reply, its deadline or its
 // context; batch is how many calls its round trip carried (0 when it
 // made none).
-func (s *Store) submit(ctx context.Context, deadline time.Time, checks []limit.Check) (vals []any, batch int, err error) {
+func (s *Store) submit(ctx context.Context, deadline time.Time, checks []limit.Check, keep bool) (vals []any, batch int, err error) {
 	c := calls.Get().(*call)
-	c.ctx, c.deadline, c.checks = ctx, deadline, checks
+	c.ctx, c.deadline, c.checks, c.keep, c.store = ctx, deadline, checks, keep, s
 	if err := s.enqueue(ctx, c); err != nil {
 		c.reuse()
+		if keep {
+			s.journal.settle(checks, nil, err, false)
+		}
 		return nil, 0, err
 	}
 	e := expiries.Get().(*expiry)
@@ -381,10 +404,10 @@ func (s *Store) deliver(ctx context.Context, calls []*call, batch int, vals []an
 	for _, c := range calls {
 		n := len(c.checks)
 		if err != nil {
-			c.finish(nil, batch, err)
+			c.finishSent(nil, batch, err, true)
 		} else {
 			res, err := splitReply(vals, k0, n)
-			c.finish(res, batch, err)
+			c.finishSent(res, batch, err, true)
 		}
 		k0 += n
 	}
@@ -478,7 +501,7 @@ func (s *Store) runAlone(ctx context.Context, calls []*call, batch int) {
 			if err == nil {
 				vals, err = splitReply(vals, 0, len(c.checks))
 			}
-			c.finish(vals, batch, err)
+			c.finishSent(vals, batch, err, true)
 		})
 	}
 	wg.Wait()

@@ -35,7 +35,9 @@ func groupBySlot(checks []limit.Check) []slotGroup {
 // the order is what lets contending requests admit exactly the limit).
 // Each group is all or nothing by itself.
 func (s *Store) evaluateGroups(ctx context.Context, deadline time.Time, checks []limit.Check, groups []slotGroup) ([]limit.Result, error) {
-	eval := func(ctx context.Context, cs []limit.Check) ([]limit.Result, error) { return s.eval(ctx, deadline, cs) }
+	eval := func(ctx context.Context, cs []limit.Check) ([]limit.Result, error) {
+		return s.eval(ctx, deadline, cs, false)
+	}
 	ordered := make([]limit.Group, len(groups))
 	for g, grp := range groups {
 		ordered[g] = limit.Group{Idx: grp.idx, Eval: eval}

@@ -98,3 +98,12 @@ func Classify(err error) string {
 func tripsBreaker(class string) bool {
 	return class == ClassTimeout || class == ClassConnection
 }
+
+// readTimedOut reports a call written whose answer did not come in
+// time: go-redis reports its read's timeout as a *net.OpError "read".
+// (A connection's setup timing out comes unwrapped from it, and says the
+// call was never written.)
+func readTimedOut(err error) bool {
+	var operr *net.OpError
+	return errors.As(err, &operr) && operr.Op == "read" && operr.Timeout()
+}

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -35,12 +36,28 @@ import (
 // each alone, as usage charges (recorded whatever the answer), unless
 // their window has ended.
 //
+// A charge the store could not take is kept too, and applied when the
+// store answers again (a round that reaches a master), unless its window
+// has ended: one refused before it was sent (the breaker open, the queue
+// full, no connection, its deadline passed in the queue, an error reply
+// such as READONLY during a failover) is applied; one sent that got no
+// answer (a timeout, a connection broken mid-call) is applied if the
+// master has changed since, and otherwise taken as recorded, as the
+// master that received it runs it when it resumes (a stall), and is
+// confirmed as any other. A call whose caller stopped waiting is
+// settled by what its round trip brings: a late answer is a recorded
+// charge.
+//
 // What it errs on: a charge recorded on the new master before the first
 // round that sees the change is re-applied too, and so counted twice:
-// at most the charges of one round (JournalEvery) after the failover. A
+// at most the charges of one round (JournalEvery) after the failover;
+// so is a charge whose call a dying master ran without answering. A
 // spend cap counted twice errs on the safe side; a lost charge does not.
-// Charges the journal cannot keep (full: JournalBytes) are dropped,
-// oldest first, and counted; so are those left when the process stops.
+// What it cannot see: a charge sent to a master that stays master but
+// never received it (a network partition that drops the request, not a
+// stall) is taken as recorded. Charges the journal cannot keep (full:
+// JournalBytes) are dropped, oldest first, and counted; so are those
+// left when the process stops without reaching Redis (see close).
 
 // Defaults of the journal's options.
 const (
@@ -68,8 +85,12 @@ const (
 const (
 	JournalConfirmed = "confirmed" // a replica acknowledged the charge
 	JournalReapplied = "reapplied" // the master changed: applied again
+	JournalKept      = "kept"      // the store could not take it, or its outcome is unknown: kept to apply
+	JournalApplied   = "applied"   // a kept charge applied once the store answered
+	JournalAssumed   = "assumed"   // sent, unanswered, and the master the same: taken as recorded
 	JournalExpired   = "expired"   // the master changed after the charge's window ended
 	JournalFailed    = "failed"    // re-applying it failed (Redis down): kept for the next round
+	JournalRefused   = "refused"   // Redis refused it applied again with an error of the script's: dropped
 	JournalDropped   = "dropped"   // the journal was full: forgotten unconfirmed
 	JournalNoReplica = "no_replica"
 	JournalAbandoned = "abandoned" // the store closed with it unconfirmed
@@ -79,9 +100,16 @@ type journalEntry struct {
 	seq   uint64
 	check limit.Check
 	// end is when the charge's window ends, by this process's monotonic
-	// clock (the script's reset, counted from the answer).
+	// clock (the script's reset, counted from the answer; for a charge
+	// not recorded, from the window by this process's clock).
 	end  time.Time
 	size int
+	// kept: the store did not take it when it came (applied, not
+	// re-applied).
+	kept bool
+	// master is, for a charge sent and not answered, the master the
+	// journal knew then ("": none yet).
+	master string
 }
 
 type journal struct {
@@ -90,14 +118,16 @@ type journal struct {
 
 	mu sync.Mutex
 	// entries are charges Redis recorded, oldest first; redo those to
-	// apply again, on the master there is now.
-	entries, redo []journalEntry
-	bytes         int
-	seq           uint64
-	master        string // master_replid of the master the last round reached
-	replica       bool   // the last round found a replica (for the log)
-	wake          chan struct{}
-	full          lograte.Limiter
+	// apply again, on the master there is now; unsure those sent and not
+	// answered.
+	entries, redo, unsure []journalEntry
+	bytes                 int
+	seq                   uint64
+	master                string // master_replid of the master the last round reached
+	replica               bool   // the last round found a replica (for the log)
+	wake                  chan struct{}
+	full                  lograte.Limiter
+	closed                bool // close has run: what comes after is abandoned
 }
 
 func newJournal(s *Store, limit int) *journal {
@@ -121,20 +151,46 @@ func (j *journal) note(checks []limit.Check, res []limit.Result) {
 		if !journaled(*c) {
 			continue
 		}
-		j.seq++
-		e := journalEntry{seq: j.seq, check: *c, end: now.Add(time.Duration(res[i].ResetUS) * time.Microsecond),
-			size: journalEntryBytes + len(c.Key) + len(c.Incumbent)}
-		j.entries = append(j.entries, e)
-		j.bytes += e.size
+		j.entries = append(j.entries, j.entryLocked(*c, now.Add(time.Duration(res[i].ResetUS)*time.Microsecond)))
 		added = true
 	}
+	j.settled(now, added)
+}
+
+// entryLocked makes an entry of c with the next seq, its size counted.
+func (j *journal) entryLocked(c limit.Check, end time.Time) journalEntry {
+	j.seq++
+	e := journalEntry{seq: j.seq, check: c, end: end, size: journalEntryBytes + len(c.Key) + len(c.Incumbent)}
+	j.bytes += e.size
+	return e
+}
+
+// settled drops the oldest entries past the journal's bound, under j.mu,
+// which it releases, and wakes a round when entries were added.
+func (j *journal) settled(now time.Time, added bool) {
+	if j.closed {
+		late := append(j.entries, append(j.redo, j.unsure...)...)
+		j.entries, j.redo, j.unsure, j.bytes = nil, nil, nil, 0
+		j.mu.Unlock()
+		j.abandon(late, "charge journal: a usage charge settled after the store closed: not kept")
+		return
+	}
 	dropped := 0
-	for j.bytes > j.limit && len(j.entries) > 0 {
-		j.bytes -= j.entries[0].size
-		j.entries = j.entries[1:]
+	for j.bytes > j.limit {
+		var q *[]journalEntry
+		for _, l := range []*[]journalEntry{&j.redo, &j.unsure, &j.entries} {
+			if len(*l) > 0 && (q == nil || (*l)[0].seq < (*q)[0].seq) {
+				q = l
+			}
+		}
+		if q == nil {
+			break
+		}
+		j.bytes -= (*q)[0].size
+		*q = (*q)[1:]
 		dropped++
 	}
-	n := len(j.entries) + len(j.redo)
+	n := j.lenLocked()
 	j.mu.Unlock()
 	if dropped > 0 {
 		j.s.m.ChargeJournal(JournalDropped, dropped)
@@ -153,8 +209,76 @@ func (j *journal) note(checks []limit.Check, res []limit.Result) {
 }
 
 // journaled reports a check the journal keeps: a usage charge of hits
-// (a zero charge changes no count).
-func journaled(c limit.Check) bool { return c.Charge() && c.Kind == limit.ByHits }
+// (a zero charge changes no count), a budget's or a plain one.
+func journaled(c limit.Check) bool {
+	return c.Charge() && (c.Kind == limit.ByHits || c.Kind == limit.PlainCharge)
+}
+
+// How a call the store could not answer ended, for [journal.keep].
+const (
+	// unsent: it never reached Redis, or Redis refused it with an error
+	// reply: not recorded.
+	unsent = iota
+	// unanswered: sent, and no answer came (a timeout, a connection
+	// broken mid-call): maybe recorded.
+	unanswered
+)
+
+// keep takes the usage charges among checks, which the store could not
+// record (how: unsent or unanswered), to apply when it answers again.
+func (j *journal) keep(checks []limit.Check, how int) {
+	now := time.Now()
+	j.mu.Lock()
+	n := 0
+	for i := range checks {
+		c := checks[i]
+		if !journaled(c) {
+			continue
+		}
+		_, end := c.Window(now.UnixMicro())
+		e := j.entryLocked(c, time.UnixMicro(end))
+		e.kept = true
+		if how == unanswered {
+			e.master = j.master
+			j.unsure = append(j.unsure, e)
+		} else {
+			j.redo = append(j.redo, e)
+		}
+		n++
+	}
+	j.settled(now, n > 0)
+	j.s.m.ChargeJournal(JournalKept, n)
+}
+
+// KeepCharges keeps the usage charges among checks, which the caller
+// had no time to send, to apply when the store answers (see
+// service.ChargeKeeper); false without a journal or a charge.
+func (s *Store) KeepCharges(checks []limit.Check) bool {
+	if s.journal == nil || !hasJournaled(checks) {
+		return false
+	}
+	s.journal.keep(checks, unsent)
+	return true
+}
+
+// hasJournaled reports whether checks hold a charge the journal keeps.
+func hasJournaled(checks []limit.Check) bool { return slices.ContainsFunc(checks, journaled) }
+
+// settle takes what became of a call carrying usage charges: recorded
+// with res, or err, a call that was sent or not.
+func (j *journal) settle(checks []limit.Check, res []limit.Result, err error, sent bool) {
+	switch {
+	case err == nil:
+		j.note(checks, res)
+	case sent && readTimedOut(err):
+		j.keep(checks, unanswered)
+	default:
+		// Not sent, refused with an error reply, or a failure that does
+		// not say the call was written (a connection's setup timing out,
+		// a connection broken): applied, erring towards counting twice.
+		j.keep(checks, unsent)
+	}
+}
 
 // run confirms the journal's charges until stop closes.
 func (j *journal) run(stop <-chan struct{}) {
@@ -185,8 +309,10 @@ func (j *journal) run(stop <-chan struct{}) {
 func (j *journal) len() int {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return len(j.entries) + len(j.redo)
+	return j.lenLocked()
 }
+
+func (j *journal) lenLocked() int { return len(j.entries) + len(j.redo) + len(j.unsure) }
 
 // round confirms what a replica has, and re-applies what the master
 // lost when it changed. It reads the master's identity first, on the
@@ -225,8 +351,10 @@ func (j *journal) roundUpTo(ctx context.Context, upTo uint64, pending int) {
 		j.redo = append(j.redo, j.entries[:k]...)
 		j.entries = j.entries[k:]
 	}
+	assumed := j.resolveUnsureLocked(id)
 	redo := len(j.redo)
 	j.mu.Unlock()
+	j.s.m.ChargeJournal(JournalAssumed, assumed)
 	if changed {
 		j.s.log.Warn("redis master changed: re-applying the usage charges no replica had acknowledged", "replid", id, "charges", redo)
 	}
@@ -250,6 +378,29 @@ func (j *journal) roundUpTo(ctx context.Context, upTo uint64, pending int) {
 			j.confirm(upTo, JournalConfirmed)
 		}
 	}
+}
+
+// resolveUnsureLocked settles the charges sent and not answered, now
+// that the master id answers: those sent to another master (or before
+// any was known) are applied; those sent to this one are taken as
+// recorded, kept as its entries until a replica confirms them. It
+// returns how many it took as recorded.
+func (j *journal) resolveUnsureLocked(id string) int {
+	assumed := 0
+	for _, e := range j.unsure {
+		if e.master == "" || e.master != id {
+			j.redo = append(j.redo, e)
+			continue
+		}
+		e.kept = false
+		j.entries = append(j.entries, e)
+		assumed++
+	}
+	j.unsure = nil
+	// Entries stay in seq order: a round confirms up to a seq.
+	slices.SortFunc(j.entries, func(a, b journalEntry) int { return cmp.Compare(a.seq, b.seq) })
+	slices.SortFunc(j.redo, func(a, b journalEntry) int { return cmp.Compare(a.seq, b.seq) })
+	return assumed
 }
 
 // masterInfo reads the replication ID and the connected replicas of the
@@ -302,7 +453,7 @@ func (j *journal) confirm(seq uint64, outcome string) {
 		k++
 	}
 	j.entries = j.entries[k:]
-	n := len(j.entries) + len(j.redo)
+	n := j.lenLocked()
 	j.mu.Unlock()
 	j.s.m.ChargeJournal(outcome, k)
 	j.s.m.SetChargeJournal(n)
@@ -328,25 +479,55 @@ func (j *journal) reapply(ctx context.Context) {
 	redo := j.redo
 	j.redo = nil
 	j.mu.Unlock()
-	counts := map[string]int{}
-	var keep []journalEntry
-	freed := 0
-	for _, e := range redo {
-		switch {
-		case !time.Now().Before(e.end):
-			counts[JournalExpired]++
-		case j.reapplied(ctx, e):
-			// evaluateExact noted it again, as the new master's.
-			counts[JournalReapplied]++
-		default:
-			counts[JournalFailed]++
-			keep = append(keep, e)
+	outcome := make([]string, len(redo))
+	var live []int
+	for i := range redo {
+		if !time.Now().Before(redo[i].end) {
+			outcome[i] = JournalExpired
 			continue
 		}
-		freed += e.size
+		live = append(live, i)
+	}
+	// A few chunks at once, each one script call deciding its charges
+	// in turn: an outage of seconds leaves thousands.
+	sem := make(chan struct{}, reapplyConcurrency)
+	var wg sync.WaitGroup
+	for len(live) > 0 {
+		chunk := live[:min(len(live), reapplyChunk)]
+		live = live[len(chunk):]
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			j.apply(ctx, redo, chunk, outcome)
+		})
+	}
+	wg.Wait()
+	counts := map[string]int{}
+	var keep, unsure []journalEntry
+	freed := 0
+	for i, e := range redo {
+		switch outcome[i] {
+		case JournalFailed:
+			keep = append(keep, e)
+		case unansweredApply:
+			// It may have run: settled as any call sent and unanswered.
+			unsure = append(unsure, e)
+		default:
+			freed += e.size
+		}
+		counts[outcome[i]]++
+	}
+	delete(counts, unansweredApply)
+	counts[JournalFailed] += len(unsure)
+	if counts[JournalRefused] > 0 {
+		j.s.log.Error("charge journal: Redis refused usage charges applied again; they are dropped", "charges", counts[JournalRefused])
 	}
 	j.mu.Lock()
 	j.redo = append(keep, j.redo...)
+	for _, e := range unsure {
+		e.master = j.master
+		j.unsure = append(j.unsure, e)
+	}
 	j.bytes -= freed
 	j.mu.Unlock()
 	for outcome, n := range counts {
@@ -355,30 +536,96 @@ func (j *journal) reapply(ctx context.Context) {
 	j.s.m.SetChargeJournal(j.len())
 }
 
-// reapplied reports whether e's charge was applied again.
-func (j *journal) reapplied(ctx context.Context, e journalEntry) bool {
-	_, err := j.s.evaluateExact(ctx, []limit.Check{e.check})
-	return err == nil
+// reapplyConcurrency bounds the script calls a round applies charges
+// with at once, and reapplyChunk the charges of one.
+const (
+	reapplyConcurrency = 4
+	reapplyChunk       = 64
+)
+
+// apply applies the charges redo[chunk] again in one script call, each
+// its own request, and sets their outcomes; applied, each is noted
+// anew, as the master's there is now.
+func (j *journal) apply(ctx context.Context, redo []journalEntry, chunk []int, outcome []string) {
+	reqs := make([][]limit.Check, len(chunk))
+	for k, i := range chunk {
+		reqs[k] = []limit.Check{redo[i].check}
+	}
+	// Its own script call, outside the dispatchers: its outcome is the
+	// call's, never a deadline's answer while the call still runs.
+	ctx, cancel := context.WithTimeout(ctx, j.s.timeout)
+	defer cancel()
+	vals, err := j.s.run(ctx, reqs)
+	for k, i := range chunk {
+		e := &redo[i]
+		var part []any
+		perr := err
+		if err == nil {
+			part, perr = splitReply(vals, k, 1)
+		}
+		switch {
+		case perr == nil:
+			j.note(reqs[k], results(part, 1))
+			outcome[i] = JournalReapplied
+			if e.kept {
+				outcome[i] = JournalApplied
+			}
+		case readTimedOut(perr):
+			outcome[i] = unansweredApply
+		case err == nil:
+			// An error of the script's own for this charge, which asking
+			// again would only repeat.
+			outcome[i] = JournalRefused
+		default:
+			outcome[i] = JournalFailed
+		}
+	}
 }
 
-// close runs a last round, so that what a replica has by now is not
-// reported lost, and counts what is left.
+// unansweredApply is apply's outcome for a charge sent and unanswered.
+const unansweredApply = "unanswered"
+
+// close hands the journal to Redis before the process stops: it runs
+// rounds until the charges kept to apply are applied, or JournalHandoff
+// has passed with Redis not answering, with at least one round so that
+// what a replica has by now is not reported lost; then it counts what is
+// left as abandoned. Charges settled after it are abandoned too.
 func (j *journal) close() {
-	if j.len() > 0 {
+	deadline := time.Now().Add(JournalHandoff)
+	for first := true; ; first = false {
+		j.mu.Lock()
+		toApply, n := len(j.redo)+len(j.unsure), j.lenLocked()
+		j.mu.Unlock()
+		if n == 0 || !first && (toApply == 0 || !time.Now().Before(deadline)) {
+			break
+		}
+		if !first {
+			time.Sleep(JournalEvery)
+		}
 		j.round(context.Background())
 	}
 	j.mu.Lock()
-	left := append(j.redo, j.entries...)
-	n := len(left)
+	j.closed = true
+	recorded, unapplied := j.entries, append(j.redo, j.unsure...)
+	j.entries, j.redo, j.unsure, j.bytes = nil, nil, nil, 0
+	j.mu.Unlock()
+	j.abandon(recorded, "charge journal: stopping with usage charges no replica acknowledged: a failover now would lose them")
+	j.abandon(unapplied, "charge journal: stopping with usage charges Redis has not recorded (it did not answer): they are lost")
+}
+
+// JournalHandoff bounds how long a stopping store keeps trying to apply
+// the charges it kept while Redis did not answer.
+const JournalHandoff = 5 * time.Second
+
+// abandon counts entries as abandoned, and logs msg with them.
+func (j *journal) abandon(entries []journalEntry, msg string) {
+	if len(entries) == 0 {
+		return
+	}
 	var hits uint64
-	for _, e := range left {
+	for _, e := range entries {
 		hits += e.check.Hits
 	}
-	j.entries, j.redo, j.bytes = nil, nil, 0
-	j.mu.Unlock()
-	if n > 0 {
-		j.s.m.ChargeJournal(JournalAbandoned, n)
-		j.s.log.Error("charge journal: stopping with usage charges no replica acknowledged: a failover now would lose them",
-			"charges", n, "hits", hits)
-	}
+	j.s.m.ChargeJournal(JournalAbandoned, len(entries))
+	j.s.log.Error(msg, "charges", len(entries), "hits", hits)
 }

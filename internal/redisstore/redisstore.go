@@ -100,6 +100,9 @@ type Options struct {
 	// acknowledged it, and re-applies the unacknowledged ones when the
 	// master changes (see journal.go). Single or Sentinel only.
 	ChargeJournal bool
+	// ChargeJournalAuto turns the journal on where it can run (single
+	// and Sentinel), and leaves it off on Cluster, saying so.
+	ChargeJournalAuto bool
 	// JournalBytes bounds the journal's memory; zero means
 	// DefaultJournalBytes. Past it the oldest charges are forgotten,
 	// counted.
@@ -222,11 +225,16 @@ func New(opts Options) (*Store, error) {
 			s.single = s.newBatcher(s.client, nil)
 		}
 	}
-	if opts.ChargeJournal {
+	switch {
+	case opts.ChargeJournal || opts.ChargeJournalAuto && mode != ModeCluster:
 		s.journal, s.journalStop = newJournal(s, opts.JournalBytes), make(chan struct{})
-		s.log.Info("charge journal on: each usage charge is kept until a replica acknowledges it, and applied again if the master changes first (a Sentinel failover, a restart); a charge recorded on a new master before the journal sees the change is counted twice; with no replica nothing can be confirmed, and nothing is kept",
+		s.log.Info("charge journal on: usage charges are protected: each is kept until a replica acknowledges it and applied again if the master changes first (a Sentinel failover, a restart), and one Redis could not take (down, hung, failing over) is kept and applied when it answers; a charge recorded on a new master before the journal sees the change is counted twice",
 			"mode", mode, "max_bytes", s.journal.limit)
 		s.journalWG.Go(func() { s.journal.run(s.journalStop) })
+	case mode == ModeCluster:
+		s.log.Warn("charge journal off on Redis Cluster: usage charges are not protected: one a master's failover loses, or that comes while Redis cannot be reached, is lost", "mode", mode)
+	default:
+		s.log.Warn("charge journal off: usage charges are not protected: one a failover loses, or that comes while Redis cannot be reached, is lost", "mode", mode)
 	}
 	every := opts.PolicyCheckEvery
 	if every <= 0 {
@@ -284,21 +292,30 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 	return s.evaluateExact(ctx, checks)
 }
 
-// evaluateExact decides checks in Redis, leases aside, and keeps the
-// usage charges Redis recorded in the journal, when there is one.
+// evaluateExact decides checks in Redis, leases aside. With a journal,
+// the usage charges among them are settled in it whatever comes of the
+// call: kept until a replica has them when Redis recorded them, kept to
+// apply when it did not (see journal.go), and the error then says so
+// (limit.ErrChargesKept).
 func (s *Store) evaluateExact(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
-	res, err := s.decideExact(ctx, checks)
-	if err == nil && s.journal != nil {
-		s.journal.note(checks, res)
+	keep := s.journal != nil && hasJournaled(checks)
+	res, err := s.decideExact(ctx, checks, keep)
+	if err != nil && keep {
+		err = fmt.Errorf("%w (%w)", err, limit.ErrChargesKept)
 	}
 	return res, err
 }
 
-func (s *Store) decideExact(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
+// decideExact decides checks; keep: settle their charges in the journal.
+func (s *Store) decideExact(ctx context.Context, checks []limit.Check, keep bool) ([]limit.Result, error) {
 	ok, trial := s.breaker.allow()
 	if !ok {
 		s.m.RedisCall(0, ClassBreakerOpen)
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ErrBreakerOpen)
+		err := fmt.Errorf("%w: %w", ErrUnavailable, ErrBreakerOpen)
+		if keep {
+			s.journal.settle(checks, nil, err, false)
+		}
+		return nil, err
 	}
 	if trial {
 		defer s.breaker.trialDone()
@@ -319,12 +336,12 @@ func (s *Store) decideExact(ctx context.Context, checks []limit.Check) ([]limit.
 			return s.evaluateGroups(ctx, deadline, checks, groups)
 		}
 	}
-	return s.eval(ctx, deadline, checks)
+	return s.eval(ctx, deadline, checks, keep)
 }
 
 // eval runs the script once over checks, which share one slot, by the
 // deadline.
-func (s *Store) eval(ctx context.Context, deadline time.Time, checks []limit.Check) ([]limit.Result, error) {
+func (s *Store) eval(ctx context.Context, deadline time.Time, checks []limit.Check, keep bool) ([]limit.Result, error) {
 	start := time.Now()
 	budget := deadline.Sub(start)
 	// A child span only under a recording one: untraced requests pay
@@ -338,12 +355,16 @@ func (s *Store) eval(ctx context.Context, deadline time.Time, checks []limit.Che
 	var err error
 	batch := 1
 	if s.dispatchers >= 0 {
-		vals, batch, err = s.submit(ctx, deadline, checks)
+		// The dispatcher settles a kept call's charges.
+		vals, batch, err = s.submit(ctx, deadline, checks, keep)
 	} else {
 		vals, err = s.run(ctx, [][]limit.Check{checks})
 		s.breaker.roundTrip(start, deadline, err)
 		if err == nil {
 			vals, err = splitReply(vals, 0, len(checks))
+		}
+		if keep {
+			s.journal.settle(checks, results(vals, len(checks)), err, true)
 		}
 	}
 	if span != nil {
@@ -368,14 +389,22 @@ func (s *Store) eval(ctx context.Context, deadline time.Time, checks []limit.Che
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: eval decide (%d keys, %s): %w: %w", len(checks), class, ErrUnavailable, err)
 	}
-	out := make([]limit.Result, len(checks))
+	return results(vals, len(checks)), nil
+}
+
+// results reads n checks' results from the script's reply (nil: none).
+func results(vals []any, n int) []limit.Result {
+	if vals == nil {
+		return nil
+	}
+	out := make([]limit.Result, n)
 	for i := range out {
 		over, _ := vals[3*i].(int64)
 		remaining, _ := vals[3*i+1].(int64)
 		reset, _ := vals[3*i+2].(int64)
 		out[i] = limit.Result{Over: over == 1, Remaining: uint64(remaining), ResetUS: reset}
 	}
-	return out, nil
+	return out
 }
 
 // ScriptReloads returns how many times the script had to be sent again

@@ -34,14 +34,14 @@ func NewLink(t testing.TB, addr string) *Link {
 	}
 	l := &Link{Port: ln.Addr().(*net.TCPAddr).Port, to: addr, ln: ln}
 	l.cond = sync.NewCond(&l.mu)
-	go l.accept()
+	go l.accept(ln)
 	t.Cleanup(l.close)
 	return l
 }
 
-func (l *Link) accept() {
+func (l *Link) accept(ln net.Listener) {
 	for {
-		c, err := l.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
@@ -106,10 +106,10 @@ func (l *Link) Cut() {
 	l.mu.Lock()
 	l.cut = true
 	l.cond.Broadcast()
-	conns := l.conns
+	conns, ln := l.conns, l.ln
 	l.conns = nil
 	l.mu.Unlock()
-	_ = l.ln.Close()
+	_ = ln.Close()
 	for _, c := range conns {
 		_ = c.Close()
 	}
@@ -119,3 +119,17 @@ func (l *Link) close() { l.Cut() }
 
 // String names the link for test messages.
 func (l *Link) String() string { return fmt.Sprintf("link 127.0.0.1:%d -> %s", l.Port, l.to) }
+
+// Restore opens a cut link again on its port: new connections pass, as
+// when a network comes back.
+func (l *Link) Restore(t testing.TB) {
+	t.Helper()
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", l.Port))
+	if err != nil {
+		t.Fatalf("redistest: restore %s: %v", l, err)
+	}
+	l.mu.Lock()
+	l.ln, l.cut, l.held = ln, false, false
+	l.mu.Unlock()
+	go l.accept(ln)
+}

@@ -27,6 +27,7 @@ type checkState struct {
 	res     limit.Result
 	failed  bool // the store could not decide it
 	unknown bool // failed, but the store may have decided it (a timeout)
+	kept    bool // failed, its usage charge kept by the store's journal
 }
 
 // ShouldRateLimit decides one request. Descriptors the rules do not limit
@@ -236,10 +237,10 @@ func (s *Service) evaluate(ctx context.Context, checks []limit.Check, states []c
 	if err != nil {
 		s.event(record.Event{Kind: record.StoreError})
 		s.logFailure(ctx, err, len(send))
-		unknown := mayHaveRun(err)
+		unknown, kept := mayHaveRun(err), errors.Is(err, limit.ErrChargesKept)
 		for c := range states {
 			if !states[c].cached {
-				states[c].failed, states[c].unknown = true, unknown
+				states[c].failed, states[c].unknown, states[c].kept = true, unknown, kept
 			}
 		}
 		return nil
@@ -315,6 +316,16 @@ func (s *Service) takeResults(checks []limit.Check, states []checkState, res []l
 	}
 }
 
+// ChargeKeeper is a store that can keep usage charges it was not asked
+// to decide (redisstore with its charge journal): a stream-end call
+// whose deadline leaves no time for the store is then applied later
+// instead of lost.
+type ChargeKeeper interface {
+	// KeepCharges keeps the usage charges among checks to apply, and
+	// reports whether it kept any.
+	KeepCharges(checks []limit.Check) bool
+}
+
 // ErrNoTime is the store error when the caller's deadline leaves less than
 // the margin: there is no time to ask the store and still answer in time.
 var ErrNoTime = errors.New("service: caller deadline leaves no time for the store")
@@ -326,6 +337,9 @@ func (s *Service) storeEvaluate(ctx context.Context, checks []limit.Check) ([]li
 	if dl, ok := ctx.Deadline(); ok {
 		end := dl.Add(-s.opts.DeadlineMargin)
 		if !time.Now().Before(end) {
+			if k, ok := s.store.(ChargeKeeper); ok && k.KeepCharges(checks) {
+				return nil, fmt.Errorf("%w (%w)", ErrNoTime, limit.ErrChargesKept)
+			}
 			return nil, ErrNoTime
 		}
 		var cancel context.CancelFunc
@@ -390,6 +404,8 @@ func storeAdmitted(checks []limit.Check, states []checkState) bool {
 // refused, or lost to a store that could not decide.
 func hitsResult(ch *limit.Check, cs *checkState, stored bool) string {
 	switch {
+	case cs.failed && cs.kept && ch.Charge() && ch.Hits > 0:
+		return HitsKept
 	case cs.failed && cs.unknown:
 		return HitsUnknown
 	case cs.failed:

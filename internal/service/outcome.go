@@ -49,4 +49,9 @@ const (
 	// caller went away, after it may have reached Redis (the failure
 	// policy answered, or no one).
 	HitsUnknown = "unknown"
+	// HitsKept: a usage charge the store could not take (or whose
+	// outcome is unknown), kept by its charge journal to apply when it
+	// answers (--charge-journal); ratelimitd_charge_journal_total says
+	// what became of it.
+	HitsKept = "kept"
 )
