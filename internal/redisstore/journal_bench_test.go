@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -23,8 +24,9 @@ import (
 // (it lags), 1 s later the master is killed (what the replica had not
 // read is gone) and Sentinel promotes the replica; the streams go on
 // until the new master has answered for 1 s. It reports the tokens the
-// clients had charged (the store said recorded) against the count on the
-// new master once the journal is drained: lost_tokens (charged, not
+// clients charged (every charge sent and answered, recorded or answered
+// by the failure policy) against the count on the new master once the
+// journal is drained: lost_tokens (charged, not
 // counted) and double_tokens (counted twice), with --charge-journal and
 // without, and the budget checks' p99 before the hold (the journal must
 // not slow them).
@@ -51,93 +53,191 @@ func BenchmarkChargeFailover(b *testing.B) {
 
 type failoverRun struct{ charged, lost, double, p99ms float64 }
 
-func chargeFailover(b *testing.B, streams int, on bool) failoverRun {
-	st, link := redistest.StartSentinelLinked(b)
-	s, m := failoverStore(b, st.URL(), on)
-	defer s.Close()
-	budget := limit.Check{Key: "spend", Limit: 1 << 50, WindowUS: 24 * 3600e6, Usage: true, FlightS: 300}
+// budgetStreams runs streams against the store: each checks a shared
+// budget and charges 1,000 to 4,000 tokens 5-25 ms later, whatever the
+// check's answer (the failure policy allow lets it through), until stop
+// closes; charged counts the tokens of every charge a stream sent and
+// got an answer for, recorded or not; lat collects the checks' latencies
+// while healthy.
+type budgetStreams struct {
+	budget  limit.Check
+	charged atomic.Uint64
+	healthy atomic.Bool
+	mu      sync.Mutex
+	lat     []time.Duration
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func runBudgetStreams(s *redisstore.Store, streams int) *budgetStreams {
+	bs := &budgetStreams{budget: limit.Check{Key: "spend", Limit: 1 << 50, WindowUS: 24 * 3600e6, Usage: true, FlightS: 300}, stop: make(chan struct{})}
+	bs.healthy.Store(true)
 	ctx := context.Background()
-	var charged atomic.Uint64
-	var healthy atomic.Bool
-	healthy.Store(true)
-	var mu sync.Mutex
-	var lat []time.Duration
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	for i := range streams {
-		wg.Go(func() {
+		bs.wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(i), 1))
 			for {
 				select {
-				case <-stop:
+				case <-bs.stop:
 					return
 				default:
 				}
 				t0 := time.Now()
-				_, err := s.Evaluate(ctx, []limit.Check{budget})
-				if d := time.Since(t0); err == nil && healthy.Load() {
-					mu.Lock()
-					lat = append(lat, d)
-					mu.Unlock()
-				}
-				if err != nil {
-					time.Sleep(20 * time.Millisecond)
-					continue
+				_, err := s.Evaluate(ctx, []limit.Check{bs.budget})
+				if d := time.Since(t0); err == nil && bs.healthy.Load() {
+					bs.mu.Lock()
+					bs.lat = append(bs.lat, d)
+					bs.mu.Unlock()
 				}
 				time.Sleep(time.Duration(5+rng.IntN(21)) * time.Millisecond)
-				c := budget
+				c := bs.budget
 				c.Hits = uint64(1000 + rng.IntN(3001))
-				if _, err := s.Evaluate(ctx, []limit.Check{c}); err == nil {
-					charged.Add(c.Hits)
-				}
+				_, _ = s.Evaluate(ctx, []limit.Check{c})
+				bs.charged.Add(c.Hits)
 			}
 		})
 	}
+	return bs
+}
+
+// finish stops the streams, waits out the journal (on: its pending
+// charges, until deadline) and measures the budget against the charges.
+func (bs *budgetStreams) finish(b *testing.B, s *redisstore.Store, m *metrics.Metrics, on bool, deadline time.Time) failoverRun {
+	close(bs.stop)
+	bs.wg.Wait()
+	if on {
+		for testutil.ToFloat64(m.JournalPending) > 0 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	r, err := s.Evaluate(context.Background(), []limit.Check{bs.budget})
+	if err != nil {
+		b.Fatal(err)
+	}
+	counted, want := bs.budget.Limit-r[0].Remaining, bs.charged.Load()
+	slices.Sort(bs.lat)
+	run := failoverRun{charged: float64(want)}
+	if len(bs.lat) > 0 {
+		run.p99ms = float64(bs.lat[len(bs.lat)*99/100].Microseconds()) / 1000
+	}
+	if counted < want {
+		run.lost = float64(want - counted)
+	} else {
+		run.double = float64(counted - want)
+	}
+	b.Logf("journal %v: clients charged %d tokens, the store counts %d (lost %.3f %%, twice %.3f %%); journal: reapplied %v, kept %v, applied %v, assumed %v, dropped %v; checks before the trouble: %d, p99 %.2f ms",
+		on, want, counted, 100*run.lost/float64(want), 100*run.double/float64(want), journalOutcomeF(m, redisstore.JournalReapplied),
+		journalOutcomeF(m, redisstore.JournalKept), journalOutcomeF(m, redisstore.JournalApplied), journalOutcomeF(m, redisstore.JournalAssumed),
+		journalOutcomeF(m, redisstore.JournalDropped), len(bs.lat), run.p99ms)
+	return run
+}
+
+func journalOutcomeF(m *metrics.Metrics, outcome string) float64 {
+	return testutil.ToFloat64(m.JournalCharges.WithLabelValues(outcome))
+}
+
+func chargeFailover(b *testing.B, streams int, on bool) failoverRun {
+	st, link := redistest.StartSentinelLinked(b)
+	s, m := failoverStore(b, st.URL(), on)
+	defer s.Close()
+	ctx := context.Background()
+	bs := runBudgetStreams(s, streams)
 	time.Sleep(time.Second)
-	healthy.Store(false)
+	bs.healthy.Store(false)
 	link.Hold()
 	time.Sleep(time.Second)
 	mi, _ := st.Master.Client().Info(ctx, "replication").Result()
 	ri, _ := st.Replica.Client().Info(ctx, "replication").Result()
-	b.Logf("at the kill: master offset %s, replica offset %s, clients charged %d", redisstore.InfoField(mi, "master_repl_offset"), redisstore.InfoField(ri, "slave_repl_offset"), charged.Load())
+	b.Logf("at the kill: master offset %s, replica offset %s, clients charged %d", redisstore.InfoField(mi, "master_repl_offset"), redisstore.InfoField(ri, "slave_repl_offset"), bs.charged.Load())
 	old := st.Master.Addr()
 	st.Master.Kill()
 	link.Cut()
 	st.AwaitFailover(b, old, 20*time.Second, 60*time.Second)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if _, err := s.Evaluate(ctx, []limit.Check{budget}); err == nil {
+		if _, err := s.Evaluate(ctx, []limit.Check{bs.budget}); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			close(stop)
-			wg.Wait()
+			close(bs.stop)
+			bs.wg.Wait()
 			b.Fatal("the store found no new master within 60s of the failover")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(time.Second)
-	close(stop)
-	wg.Wait()
-	if on {
-		for testutil.ToFloat64(m.JournalPending) > 0 && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
+	b.Logf("streams %d: failover", streams)
+	return bs.finish(b, s, m, on, deadline)
+}
+
+// BenchmarkChargeOutage: the streams of BenchmarkChargeFailover on one
+// Redis (no replica) through trouble: a stall (the process stopped 3 s,
+// then resumed), an outage (unreachable 10 s: the network to it cut,
+// then restored) or a restart without persistence (killed, started
+// empty: the window's charges are gone whatever ratelimitd keeps), each
+// after 1 s of traffic, the streams going on until
+// it has answered for 1 s. Reported as BenchmarkChargeFailover's, with
+// the journal (--charge-journal auto's default here) and without.
+//
+//	go test -run XXX -bench ChargeOutage -benchtime 1x ./internal/redisstore/
+func BenchmarkChargeOutage(b *testing.B) {
+	for _, trouble := range []string{"stall3s", "outage10s", "restart-empty"} {
+		for _, streams := range []int{8, 64} {
+			for _, on := range []bool{false, true} {
+				b.Run(fmt.Sprintf("%s/streams=%d/journal=%v", trouble, streams, on), func(b *testing.B) {
+					var lost, double, charged float64
+					for range b.N {
+						r := chargeOutage(b, trouble, streams, on)
+						lost, double, charged = lost+r.lost, double+r.double, charged+r.charged
+					}
+					n := float64(b.N)
+					b.ReportMetric(charged/n, "tokens_charged")
+					b.ReportMetric(lost/n, "lost_tokens")
+					b.ReportMetric(double/n, "double_tokens")
+				})
+			}
 		}
 	}
-	r, err := s.Evaluate(ctx, []limit.Check{budget})
+}
+
+func chargeOutage(b *testing.B, trouble string, streams int, on bool) failoverRun {
+	srv := redistest.Start(b)
+	link := redistest.NewLink(b, srv.Addr())
+	m := metrics.New("test")
+	s, err := redisstore.New(redisstore.Options{URL: fmt.Sprintf("redis://127.0.0.1:%d", link.Port), ProbeInterval: 100 * time.Millisecond,
+		ChargeJournal: on, Metrics: m})
 	if err != nil {
 		b.Fatal(err)
 	}
-	counted, want := budget.Limit-r[0].Remaining, charged.Load()
-	slices.Sort(lat)
-	run := failoverRun{charged: float64(want), p99ms: float64(lat[len(lat)*99/100].Microseconds()) / 1000}
-	if counted < want {
-		run.lost = float64(want - counted)
-	} else {
-		run.double = float64(counted - want)
+	defer s.Close()
+	bs := runBudgetStreams(s, streams)
+	time.Sleep(time.Second)
+	bs.healthy.Store(false)
+	switch trouble {
+	case "stall3s":
+		srv.Pause()
+		time.Sleep(3 * time.Second)
+		srv.Resume()
+	case "restart-empty":
+		srv.Restart()
+	default:
+		link.Cut()
+		time.Sleep(10 * time.Second)
+		link.Restore(b)
 	}
-	b.Logf("streams %d, journal %v: clients charged %d tokens, the new master counts %d (re-applied %v, confirmed %v); checks before the hold: %d, p99 %.2f ms",
-		streams, on, want, counted, testutil.ToFloat64(m.JournalCharges.WithLabelValues(redisstore.JournalReapplied)),
-		testutil.ToFloat64(m.JournalCharges.WithLabelValues(redisstore.JournalConfirmed)), len(lat), run.p99ms)
-	return run
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := s.Evaluate(context.Background(), []limit.Check{bs.budget}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(bs.stop)
+			bs.wg.Wait()
+			b.Fatal("Redis did not answer within 60s of the trouble's end")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	b.Logf("%s, streams %d", trouble, streams)
+	return bs.finish(b, s, m, on, deadline)
 }
