@@ -378,6 +378,8 @@ muts = [
     ("357 the incumbent's counts not carried by default on the swap",'cmd/ratelimitd/settings.go','\t\ts.svc.CarryIncumbent = true\n\t}','\t}','./cmd/ratelimitd','TestCarryIncumbentCountsOnSwap'),
     ('358 the charge journal off unless asked for','cmd/ratelimitd/settings.go','s.redis.ChargeJournalAuto = s.journal == "" || s.journal == "auto"','s.redis.ChargeJournalAuto = s.journal == "auto"','./cmd/ratelimitd','TestChargeJournalDefault'),
     ("359 the store ignores the journal's auto",'internal/redisstore/redisstore.go','case opts.ChargeJournal || opts.ChargeJournalAuto && mode != ModeCluster:','case opts.ChargeJournal:','./internal/redisstore','TestChargesKeptThroughOutage'),
+    ('360 a charge the journal keeps counted lost','internal/service/decide.go','\tcase cs.failed && cs.kept && ch.Charge() && ch.Hits > 0:\n\t\treturn HitsKept\n','','./internal/service','TestHitsKeptByTheJournal'),
+    ('361 a charge with no time to send not handed to the journal','internal/service/decide.go','if k, ok := s.store.(ChargeKeeper); ok && k.KeepCharges(checks) {','if k, ok := s.store.(ChargeKeeper); ok && false && k.KeepCharges(checks) {','./internal/service','TestHitsKeptByTheJournal'),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -167,5 +168,44 @@ func TestHitsOfUnknownOutcome(t *testing.T) {
 	call(t, s, aiRequest(tokens(700, "user", "u")))
 	if u, l := count(m, service.HitsUnknown), count(m, service.HitsLost); u != 0 || l != 700 {
 		t.Fatalf("refused by the store: unknown %v, lost %v; want 0, 700", u, l)
+	}
+}
+
+// keepingStore fails every call as a store with a charge journal does:
+// its charges kept (the error says so); KeepCharges keeps those of a
+// call it was never asked to decide.
+type keepingStore struct{ kept *atomic.Int64 }
+
+func (keepingStore) Evaluate(context.Context, []limit.Check) ([]limit.Result, error) {
+	return nil, fmt.Errorf("store down (%w)", limit.ErrChargesKept)
+}
+
+func (k keepingStore) KeepCharges(checks []limit.Check) bool {
+	k.kept.Add(int64(len(checks)))
+	return true
+}
+
+// TestHitsKeptByTheJournal: a charge the store's journal keeps is
+// counted kept, not lost, whether the store failed the call or the
+// caller's deadline left no time to send it (the store is handed it to
+// apply later).
+func TestHitsKeptByTheJournal(t *testing.T) {
+	m := metrics.New("test")
+	var kept atomic.Int64
+	s := service.New(parseRules(t, budgetRules), keepingStore{&kept}, nil, service.Options{Metrics: m})
+	call(t, s, aiRequest(tokens(700, "user", "u")))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	if _, err := s.ShouldRateLimit(ctx, aiRequest(tokens(40, "user", "u"))); err != nil {
+		t.Fatal(err)
+	}
+	count := func(result string) float64 {
+		return testutil.ToFloat64(m.Hits.WithLabelValues("ai", "ai.user", result))
+	}
+	if k, l := count(service.HitsKept), count(service.HitsLost); k != 740 || l != 0 {
+		t.Errorf("charges kept by the journal: kept %v, lost %v; want 740, 0", k, l)
+	}
+	if kept.Load() != 1 {
+		t.Errorf("%d charges handed to the store with no time to send them, want 1", kept.Load())
 	}
 }
