@@ -31,7 +31,7 @@ if [ -n "${STARVE:-}" ] && [ "${STARVE}" != 0 ]; then
 		starvers+=($!)
 	done
 	trap 'kill "${starvers[@]}" 2>/dev/null || true' EXIT
-	echo "test.sh: STARVE=1: ${#starvers[@]} busy loops beside the suite" >&2
+	echo "test.sh: STARVE=${STARVE}: ${#starvers[@]} busy loops beside the suite" >&2
 fi
 export RATELIMITD_REDIS_SERVER="$(command -v redis-server)"
 export RATELIMITD_REQUIRE_REDIS=1
