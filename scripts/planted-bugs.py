@@ -381,6 +381,7 @@ muts = [
     ('360 a charge the journal keeps counted lost','internal/service/decide.go','\tcase cs.failed && cs.kept && ch.Charge() && ch.Hits > 0:\n\t\treturn HitsKept\n','','./internal/service','TestHitsKeptByTheJournal'),
     ('361 a charge with no time to send not handed to the journal','internal/service/decide.go','if k, ok := s.store.(ChargeKeeper); ok && k.KeepCharges(checks) {','if k, ok := s.store.(ChargeKeeper); ok && false && k.KeepCharges(checks) {','./internal/service','TestHitsKeptByTheJournal'),
     ('362 a stopping instance does not hand its kept charges over','internal/redisstore/journal.go','\tdeadline := time.Now().Add(JournalHandoff)\n','\tdeadline := time.Now()\n','./cmd/ratelimitd','TestRollingUpdateKeepsCharges'),
+    ('363 an RLQS failure revokes the tokens an Envoy holds','internal/rlqs/sizing.go','\tif b.holds(now) {\n\t\tb.wake = now.Add(time.Second)\n\t\treturn nil\n\t}\n','','./internal/rlqs','TestFailureKeepsHeldTokens'),
 ]
 only = sys.argv[1:]
 missed = 0

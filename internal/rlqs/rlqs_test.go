@@ -236,6 +236,44 @@ func TestFailureMode(t *testing.T) {
 	}
 }
 
+// TestFailureKeepsHeldTokens: a grant that fails while the Envoy still
+// holds tokens of the last one answers nothing: the failure mode would
+// throw the tokens away (DENY_ALL) or lift the limit (ALLOW_ALL) for a
+// hiccup; the session asks again a second later, and answers by the
+// failure mode once the tokens are spent.
+func TestFailureKeepsHeldTokens(t *testing.T) {
+	now := t0.Add(time.Second)
+	st := &flaky{Store: memstore.New(memstore.Options{Now: func() time.Time { return now }})}
+	srv, _ := unitServer(t, kindsRules, st, rlqs.Options{})
+	a, _ := srv.NewSession()
+	defer a.Close()
+	b, _ := srv.NewSession()
+	defer b.Close()
+	id := map[string]string{"tenant": "acme", "route": "login"} // 1000 a minute, failure_mode deny
+	counts(t, a, now, "edge", id, 1, 0)
+	counts(t, b, now, "edge", id, 1, 100_000)
+	now = now.Add(5 * time.Second)
+	counts(t, b, now, "edge", id, 416, 500_000)
+	// a has used 150 of its 167 and runs short with the counter drained:
+	// its grant is kept until its tokens are expected spent.
+	if got := actions(counts(t, a, now, "edge", id, 150, 0)); got != "" {
+		t.Fatalf("a running short: %q, want no action", got)
+	}
+	st.down.Store(true)
+	now = a.NextWake().Truncate(time.Millisecond).Add(time.Millisecond)
+	if resp := a.Wake(context.Background(), now); resp != nil {
+		t.Fatalf("a woken to renew its grant, the store failing, 17 tokens held: %q, want no action", actions(resp))
+	}
+	if w := a.NextWake(); !w.Equal(now.Add(time.Second)) {
+		t.Errorf("a's next wake %v, want a second later (%v)", w, now.Add(time.Second))
+	}
+	// Its tokens reported spent, the failure mode answers, for as long
+	// as grants have failed (a second) and a second more.
+	if got := actions(counts(t, a, now.Add(time.Second), "edge", id, 17, 0)); got != "deny/2s" {
+		t.Errorf("a with its tokens spent, the store failing a second: %q, want deny/2s", got)
+	}
+}
+
 // TestBounds: what is refused, and how.
 func TestBounds(t *testing.T) {
 	srv, m := unitServer(t, kindsRules, nil, rlqs.Options{MaxStreams: 2, MaxBuckets: 3, MaxBucketIDBytes: 64})
