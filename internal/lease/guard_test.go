@@ -10,6 +10,11 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
 
+// Tests on a scripted clock use minute windows: Redis still expires a
+// key on its own clock, by the TTL the script set from the scripted one,
+// and a second's window key could expire while a slow machine counts its
+// window (1,014 admitted of 1,000 once under STARVE=2).
+
 // driftLeases is a store with leases on two scripted clocks: Redis's
 // (redis) and this process's (local = redis - lag, both in µs), its
 // refiller stopped. A test moves them apart to build clock drift, and
@@ -72,13 +77,13 @@ func window(t *testing.T, s *Store, c limit.Check) int {
 // its limit.
 func TestLeaseMarginCoversDrift(t *testing.T) {
 	srv := redistest.Start(t)
-	T := time.Now().Truncate(time.Second).Add(time.Second).UnixMicro() // a window start
-	s, redis, lag := driftLeases(t, srv, T+800e3)
+	T := time.Now().Truncate(time.Minute).Add(time.Minute).UnixMicro() // a window start
+	s, redis, lag := driftLeases(t, srv, T+59_800e3)
 	s.leases.margin = leaseMargin // what production uses; the scripted store sets none
-	c := limit.Check{Key: "drift", Limit: 1000, WindowUS: 1e6, Hits: 1, Lease: true}
+	c := limit.Check{Key: "drift", Limit: 1000, WindowUS: 60e6, Hits: 1, Lease: true}
 	grantThenSpend(t, s, c, 100)
-	lag.Store(1000)            // 1 ms behind by now
-	redis.Store(T + 1e6 + 500) // Redis: 0.5 ms into the next window; here 0.5 ms before it ends
+	lag.Store(1000)             // 1 ms behind by now
+	redis.Store(T + 60e6 + 500) // Redis: 0.5 ms into the next window; here 0.5 ms before it ends
 	if n := window(t, s, c); n != int(c.Limit) {
 		t.Errorf("the next window admitted %d, want its limit of %d", n, c.Limit)
 	}
@@ -114,18 +119,19 @@ func TestLeaseDoubleRefund(t *testing.T) {
 // they would be spent in the new window on top of its limit.
 func TestLeaseRefillInNextWindow(t *testing.T) {
 	srv := redistest.Start(t)
-	T := time.Now().Truncate(time.Second).Add(time.Second).UnixMicro()
-	s, redis, lag := driftLeases(t, srv, T+800e3)
-	c := limit.Check{Key: "refill", Limit: 1000, WindowUS: 1e6, Hits: 1, Lease: true}
+	T := time.Now().Truncate(time.Minute).Add(time.Minute).UnixMicro()
+	s, redis, lag := driftLeases(t, srv, T+59_800e3)
+	c := limit.Check{Key: "refill", Limit: 1000, WindowUS: 60e6, Hits: 1, Lease: true}
 	grantThenSpend(t, s, c, 100)
-	// The refill leaves at T+995 ms here and runs at T+1005 ms on Redis.
+	// The refill leaves 5 ms before the window's end here and runs 5 ms
+	// after it on Redis.
 	lag.Store(10e3)
-	redis.Store(T + 1e6 + 5e3)
+	redis.Store(T + 60e6 + 5e3)
 	g := s.leases.entries[c.Key]
 	g.rate = 5000
 	s.leases.pass(false)
-	if g.windowEnd != T+2e6 {
-		t.Fatalf("the refill's window ends at %d, want the next window's %d", g.windowEnd, T+2e6)
+	if g.windowEnd != T+120e6 {
+		t.Fatalf("the refill's window ends at %d, want the next window's %d", g.windowEnd, T+120e6)
 	}
 	if n := window(t, s, c); n != int(c.Limit) {
 		t.Errorf("the next window admitted %d, want its limit of %d", n, c.Limit)

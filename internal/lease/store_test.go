@@ -126,7 +126,7 @@ func TestLeaseFleetNeverExceeds(t *testing.T) {
 // TestLeaseRollover: hits granted in a window are never used in the
 // next; they are counted lost, and the next window admits its limit.
 func TestLeaseRollover(t *testing.T) {
-	c := limit.Check{Key: "roll", Limit: 1000, WindowUS: 1e6, Hits: 1, Lease: true}
+	c := limit.Check{Key: "roll", Limit: 1000, WindowUS: 60e6, Hits: 1, Lease: true}
 	s, m, clock, ask := grantNearWindowEnd(t, c)
 	held := s.leases.entries[c.Key].avail
 	ask()
@@ -505,7 +505,7 @@ func TestLeaseColdCounter(t *testing.T) {
 // that request included. (A clock read before the wait used the old
 // window's grant: 1,001.)
 func TestLeaseClockReadUnderLock(t *testing.T) {
-	c := limit.Check{Key: "paused", Limit: 1000, WindowUS: 1e6, Hits: 1, Lease: true}
+	c := limit.Check{Key: "paused", Limit: 1000, WindowUS: 60e6, Hits: 1, Lease: true}
 	s, _, clock, ask := grantNearWindowEnd(t, c)
 	s.leases.mu.Lock()
 	paused := make(chan bool)
@@ -532,7 +532,8 @@ func TestLeaseClockReadUnderLock(t *testing.T) {
 // function deciding one request of c. It fails t if no grant was taken.
 func grantNearWindowEnd(t *testing.T, c limit.Check) (*Store, *metrics.Metrics, *atomic.Int64, func() bool) {
 	t.Helper()
-	s, m, clock := scriptedLeases(t, redistest.Start(t), time.Now().Truncate(time.Hour).Add(time.Hour).UnixMicro()) // a window start
+	// A second before c's window ends, its start an hour's.
+	s, m, clock := scriptedLeases(t, redistest.Start(t), time.Now().Truncate(time.Hour).Add(time.Hour).UnixMicro()+c.WindowUS-1e6)
 	ask := func() bool {
 		r, err := s.Evaluate(context.Background(), []limit.Check{c})
 		if err != nil {
