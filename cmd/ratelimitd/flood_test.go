@@ -139,14 +139,17 @@ func testFlood(t *testing.T, reset bool) {
 	}
 	probe(200 * time.Millisecond) // warm
 	// The probe's latency without the flood, on this machine as busy as
-	// it is: the bound beside the flood is 50 ms (idle: 9-14 ms measured),
-	// or ten times the quiet p99 on a machine busy with other work, where
-	// the flood's own CPU (this process sending it) takes from the cores
-	// the others already share (six busy loops on two cores: quiet 14 ms,
-	// beside the rapid resets 113 ms).
+	// it is: the bound beside the flood is 250 ms (idle: 9-14 ms
+	// measured), or ten times the quiet p99 on a machine busier still.
+	// The flood's own CPU (this process sending it) takes from the cores
+	// that other work already shares, and a second's quiet sample says
+	// little of it: with four busy loops on two cores, quiet 9 ms, beside
+	// the rapid resets 122 ms; six, quiet 14 ms, beside 113 ms. What
+	// holds a flood is the stream limit, whose absence the RSS bound
+	// shows (plant 12: 438 MB).
 	quiet := probe(time.Second)
 	slices.Sort(quiet)
-	bound := max(50*time.Millisecond, 10*quiet[len(quiet)*99/100])
+	bound := max(250*time.Millisecond, 10*quiet[len(quiet)*99/100])
 	base := procRSS(t, cmd.Process.Pid)
 
 	stop := make(chan struct{})
