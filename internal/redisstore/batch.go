@@ -66,25 +66,22 @@ type call struct {
 	res      []any
 	err      error
 	batch    int // the calls its round trip carried
-	// keep: its usage charges are settled in the journal, by whoever
-	// finishes it (before finishing: the caller may reuse it then).
-	keep  bool
-	store *Store
+	// journal, when set, settles its usage charges: its dispatcher
+	// does, whatever the round trip brings, before answering (the
+	// caller may reuse the call then).
+	journal *journal
 }
 
 // finish answers c unless it is already answered. The finisher must not
 // touch c afterwards: its caller may reuse it at once.
+//
+// Only the dispatcher finishes a call: a deadline answers its caller
+// (answer) and leaves the call to the dispatcher, whose finish settles
+// its charges with what the round trip brought (a late answer is a
+// recorded charge).
 func (c *call) finish(res []any, batch int, err error) {
-	c.finishSent(res, batch, err, false)
-}
-
-// finishSent answers c as finish, its charges settled as sent or not.
-// Only its dispatcher settles: a deadline's finish answers the caller
-// and leaves the call to the dispatcher, which settles it when its round
-// trip ends (a late answer is a recorded charge).
-func (c *call) finishSent(res []any, batch int, err error, sent bool) {
-	if c.keep && c.store != nil {
-		c.store.journal.settle(c.checks, results(res, len(c.checks)), err, sent)
+	if c.journal != nil {
+		c.journal.settle(c.checks, results(res, len(c.checks)), err)
 	}
 	c.answer(res, batch, err)
 }
@@ -248,11 +245,14 @@ func offer(b *batcher, c *call) error {
 // made none).
 func (s *Store) submit(ctx context.Context, deadline time.Time, checks []limit.Check, keep bool) (vals []any, batch int, err error) {
 	c := calls.Get().(*call)
-	c.ctx, c.deadline, c.checks, c.keep, c.store = ctx, deadline, checks, keep, s
+	c.ctx, c.deadline, c.checks = ctx, deadline, checks
+	if keep {
+		c.journal = s.journal
+	}
 	if err := s.enqueue(ctx, c); err != nil {
 		c.reuse()
 		if keep {
-			s.journal.settle(checks, nil, err, false)
+			s.journal.settle(checks, nil, err)
 		}
 		return nil, 0, err
 	}
@@ -404,10 +404,10 @@ func (s *Store) deliver(ctx context.Context, calls []*call, batch int, vals []an
 	for _, c := range calls {
 		n := len(c.checks)
 		if err != nil {
-			c.finishSent(nil, batch, err, true)
+			c.finish(nil, batch, err)
 		} else {
 			res, err := splitReply(vals, k0, n)
-			c.finishSent(res, batch, err, true)
+			c.finish(res, batch, err)
 		}
 		k0 += n
 	}
@@ -501,7 +501,7 @@ func (s *Store) runAlone(ctx context.Context, calls []*call, batch int) {
 			if err == nil {
 				vals, err = splitReply(vals, 0, len(c.checks))
 			}
-			c.finishSent(vals, batch, err, true)
+			c.finish(vals, batch, err)
 		})
 	}
 	wg.Wait()

@@ -140,7 +140,7 @@ func newJournal(s *Store, limit int) *journal {
 // note keeps the usage charges among checks, which Redis recorded with
 // results res.
 func (j *journal) note(checks []limit.Check, res []limit.Result) {
-	if !slices.ContainsFunc(checks, journaled) {
+	if !hasJournaled(checks) {
 		return
 	}
 	now := time.Now()
@@ -214,19 +214,10 @@ func journaled(c limit.Check) bool {
 	return c.Charge() && (c.Kind == limit.ByHits || c.Kind == limit.PlainCharge)
 }
 
-// How a call the store could not answer ended, for [journal.keep].
-const (
-	// unsent: it never reached Redis, or Redis refused it with an error
-	// reply: not recorded.
-	unsent = iota
-	// unanswered: sent, and no answer came (a timeout, a connection
-	// broken mid-call): maybe recorded.
-	unanswered
-)
-
-// keep takes the usage charges among checks, which the store could not
-// record (how: unsent or unanswered), to apply when it answers again.
-func (j *journal) keep(checks []limit.Check, how int) {
+// keep takes the usage charges among checks, which the store did not
+// record, to apply when it answers again; unanswered: they were sent
+// and no answer came, so they may have been recorded.
+func (j *journal) keep(checks []limit.Check, unanswered bool) {
 	now := time.Now()
 	j.mu.Lock()
 	n := 0
@@ -238,7 +229,7 @@ func (j *journal) keep(checks []limit.Check, how int) {
 		_, end := c.Window(now.UnixMicro())
 		e := j.entryLocked(c, time.UnixMicro(end))
 		e.kept = true
-		if how == unanswered {
+		if unanswered {
 			e.master = j.master
 			j.unsure = append(j.unsure, e)
 		} else {
@@ -257,7 +248,7 @@ func (s *Store) KeepCharges(checks []limit.Check) bool {
 	if s.journal == nil || !hasJournaled(checks) {
 		return false
 	}
-	s.journal.keep(checks, unsent)
+	s.journal.keep(checks, false)
 	return true
 }
 
@@ -265,18 +256,18 @@ func (s *Store) KeepCharges(checks []limit.Check) bool {
 func hasJournaled(checks []limit.Check) bool { return slices.ContainsFunc(checks, journaled) }
 
 // settle takes what became of a call carrying usage charges: recorded
-// with res, or err, a call that was sent or not.
-func (j *journal) settle(checks []limit.Check, res []limit.Result, err error, sent bool) {
+// with res, or err.
+func (j *journal) settle(checks []limit.Check, res []limit.Result, err error) {
 	switch {
 	case err == nil:
 		j.note(checks, res)
-	case sent && readTimedOut(err):
-		j.keep(checks, unanswered)
+	case readTimedOut(err):
+		j.keep(checks, true)
 	default:
 		// Not sent, refused with an error reply, or a failure that does
 		// not say the call was written (a connection's setup timing out,
 		// a connection broken): applied, erring towards counting twice.
-		j.keep(checks, unsent)
+		j.keep(checks, false)
 	}
 }
 
@@ -348,7 +339,7 @@ func (j *journal) roundUpTo(ctx context.Context, upTo uint64, pending int) {
 		for k < len(j.entries) && j.entries[k].seq <= upTo {
 			k++
 		}
-		j.redo = append(j.redo, j.entries[:k]...)
+		j.redo = bySeq(append(j.redo, j.entries[:k]...))
 		j.entries = j.entries[k:]
 	}
 	assumed := j.resolveUnsureLocked(id)
@@ -386,6 +377,9 @@ func (j *journal) roundUpTo(ctx context.Context, upTo uint64, pending int) {
 // recorded, kept as its entries until a replica confirms them. It
 // returns how many it took as recorded.
 func (j *journal) resolveUnsureLocked(id string) int {
+	if len(j.unsure) == 0 {
+		return 0
+	}
 	assumed := 0
 	for _, e := range j.unsure {
 		if e.master == "" || e.master != id {
@@ -397,10 +391,16 @@ func (j *journal) resolveUnsureLocked(id string) int {
 		assumed++
 	}
 	j.unsure = nil
-	// Entries stay in seq order: a round confirms up to a seq.
-	slices.SortFunc(j.entries, func(a, b journalEntry) int { return cmp.Compare(a.seq, b.seq) })
-	slices.SortFunc(j.redo, func(a, b journalEntry) int { return cmp.Compare(a.seq, b.seq) })
+	j.entries, j.redo = bySeq(j.entries), bySeq(j.redo)
 	return assumed
+}
+
+// bySeq puts entries merged from several lists back in seq order: a
+// round confirms entries up to a seq, and a full journal drops the
+// oldest first.
+func bySeq(l []journalEntry) []journalEntry {
+	slices.SortFunc(l, func(a, b journalEntry) int { return cmp.Compare(a.seq, b.seq) })
+	return l
 }
 
 // masterInfo reads the replication ID and the connected replicas of the
@@ -472,8 +472,9 @@ func (j *journal) noteReplicas(replicas int) {
 	}
 }
 
-// reapply applies each entry of redo again, alone, unless its window
-// has ended; one that fails stays for the next round.
+// reapply applies each entry of redo again, in chunks of one script
+// call, unless its window has ended; one that fails stays for the next
+// round, one whose call went unanswered is settled as any such call.
 func (j *journal) reapply(ctx context.Context) {
 	j.mu.Lock()
 	redo := j.redo
@@ -510,20 +511,20 @@ func (j *journal) reapply(ctx context.Context) {
 		case JournalFailed:
 			keep = append(keep, e)
 		case unansweredApply:
-			// It may have run: settled as any call sent and unanswered.
+			// It may have run: settled as any call sent and unanswered,
+			// counted a failed application.
 			unsure = append(unsure, e)
+			outcome[i] = JournalFailed
 		default:
 			freed += e.size
 		}
 		counts[outcome[i]]++
 	}
-	delete(counts, unansweredApply)
-	counts[JournalFailed] += len(unsure)
 	if counts[JournalRefused] > 0 {
 		j.s.log.Error("charge journal: Redis refused usage charges applied again; they are dropped", "charges", counts[JournalRefused])
 	}
 	j.mu.Lock()
-	j.redo = append(keep, j.redo...)
+	j.redo = bySeq(append(keep, j.redo...))
 	for _, e := range unsure {
 		e.master = j.master
 		j.unsure = append(j.unsure, e)
@@ -556,6 +557,8 @@ func (j *journal) apply(ctx context.Context, redo []journalEntry, chunk []int, o
 	ctx, cancel := context.WithTimeout(ctx, j.s.timeout)
 	defer cancel()
 	vals, err := j.s.run(ctx, reqs)
+	var applied []limit.Check
+	var res []limit.Result
 	for k, i := range chunk {
 		e := &redo[i]
 		var part []any
@@ -565,7 +568,7 @@ func (j *journal) apply(ctx context.Context, redo []journalEntry, chunk []int, o
 		}
 		switch {
 		case perr == nil:
-			j.note(reqs[k], results(part, 1))
+			applied, res = append(applied, e.check), append(res, results(part, 1)...)
 			outcome[i] = JournalReapplied
 			if e.kept {
 				outcome[i] = JournalApplied
@@ -580,6 +583,7 @@ func (j *journal) apply(ctx context.Context, redo []journalEntry, chunk []int, o
 			outcome[i] = JournalFailed
 		}
 	}
+	j.note(applied, res)
 }
 
 // unansweredApply is apply's outcome for a charge sent and unanswered.

@@ -100,6 +100,26 @@ func runBudgetStreams(s *redisstore.Store, streams int) *budgetStreams {
 	return bs
 }
 
+// awaitAnswer waits until the store answers again after trouble (at
+// most 60 s), lets the streams run a second more, and returns the
+// deadline the journal then has to drain by.
+func (bs *budgetStreams) awaitAnswer(b *testing.B, s *redisstore.Store, after string) time.Time {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := s.Evaluate(context.Background(), []limit.Check{bs.budget}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(bs.stop)
+			bs.wg.Wait()
+			b.Fatalf("the store did not answer within 60s of %s", after)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	return deadline
+}
+
 // finish stops the streams, waits out the journal (on: its pending
 // charges, until deadline) and measures the budget against the charges.
 func (bs *budgetStreams) finish(b *testing.B, s *redisstore.Store, m *metrics.Metrics, on bool, deadline time.Time) failoverRun {
@@ -153,19 +173,7 @@ func chargeFailover(b *testing.B, streams int, on bool) failoverRun {
 	st.Master.Kill()
 	link.Cut()
 	st.AwaitFailover(b, old, 20*time.Second, 60*time.Second)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if _, err := s.Evaluate(ctx, []limit.Check{bs.budget}); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			close(bs.stop)
-			bs.wg.Wait()
-			b.Fatal("the store found no new master within 60s of the failover")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	time.Sleep(time.Second)
+	deadline := bs.awaitAnswer(b, s, "the failover")
 	b.Logf("streams %d: failover", streams)
 	return bs.finish(b, s, m, on, deadline)
 }
@@ -225,19 +233,7 @@ func chargeOutage(b *testing.B, trouble string, streams int, on bool) failoverRu
 		time.Sleep(10 * time.Second)
 		link.Restore(b)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if _, err := s.Evaluate(context.Background(), []limit.Check{bs.budget}); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			close(bs.stop)
-			bs.wg.Wait()
-			b.Fatal("Redis did not answer within 60s of the trouble's end")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	time.Sleep(time.Second)
+	deadline := bs.awaitAnswer(b, s, "the trouble's end")
 	b.Logf("%s, streams %d", trouble, streams)
 	return bs.finish(b, s, m, on, deadline)
 }

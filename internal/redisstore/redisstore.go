@@ -313,7 +313,7 @@ func (s *Store) decideExact(ctx context.Context, checks []limit.Check, keep bool
 		s.m.RedisCall(0, ClassBreakerOpen)
 		err := fmt.Errorf("%w: %w", ErrUnavailable, ErrBreakerOpen)
 		if keep {
-			s.journal.settle(checks, nil, err, false)
+			s.journal.settle(checks, nil, err)
 		}
 		return nil, err
 	}
@@ -364,7 +364,7 @@ func (s *Store) eval(ctx context.Context, deadline time.Time, checks []limit.Che
 			vals, err = splitReply(vals, 0, len(checks))
 		}
 		if keep {
-			s.journal.settle(checks, results(vals, len(checks)), err, true)
+			s.journal.settle(checks, results(vals, len(checks)), err)
 		}
 	}
 	if span != nil {
