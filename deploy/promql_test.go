@@ -4,91 +4,79 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/prometheus/promql/parser"
 	"gopkg.in/yaml.v3"
 
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
-var (
-	descName   = regexp.MustCompile(`fqName: "([^"]+)"`)
-	descLabels = regexp.MustCompile(`variableLabels: \{([^}]*)\}`)
-)
-
 // exposed is every series the binary exports, each with the labels it
-// carries: the collectors' descriptions (so a vector with no series yet
-// counts too), and what the registry gathers (Go, process and build
-// metrics; histograms as their _bucket, _sum and _count series).
+// carries: ratelimitd's own from deploy/metrics.txt (the list
+// cmd/ratelimitd's TestMetricList holds the binary to, so a vector with no
+// series yet counts too), and what the registry gathers of Go's and the
+// process's. Histograms are their _bucket, _sum and _count series.
 func exposed(t *testing.T) map[string]map[string]bool {
 	t.Helper()
-	m := metrics.New("test")
 	out := map[string]map[string]bool{}
-	add := func(name string, labels ...string) {
-		if out[name] == nil {
-			out[name] = map[string]bool{}
+	add := func(name, typ string, labels ...string) {
+		names := []string{name}
+		switch typ {
+		case "histogram":
+			// A classic histogram has no series of the family's own name.
+			names = []string{name + "_bucket", name + "_sum", name + "_count"}
+		case "summary":
+			names = append(names, name+"_sum", name+"_count")
 		}
-		for _, l := range labels {
-			if l != "" {
-				out[name][l] = true
+		for _, n := range names {
+			if out[n] == nil {
+				out[n] = map[string]bool{}
+			}
+			for _, l := range labels {
+				if l != "" && l != "-" {
+					out[n][l] = true
+				}
 			}
 		}
-	}
-	v := reflect.ValueOf(m).Elem()
-	for i := range v.NumField() {
-		if !v.Type().Field(i).IsExported() {
-			continue // caches of the collectors, not collectors
+		switch typ {
+		case "histogram":
+			out[name+"_bucket"]["le"] = true
+		case "summary":
+			out[name]["quantile"] = true
 		}
-		c, ok := v.Field(i).Interface().(prometheus.Collector)
-		if !ok {
+	}
+	list, err := os.ReadFile("metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(string(list)), "\n") {
+		f := strings.Fields(l)
+		if strings.HasPrefix(l, "#") {
 			continue
 		}
-		// Unbuffered and drained whole: a collector (the registry itself)
-		// may describe any number of metrics.
-		ch := make(chan *prometheus.Desc)
-		go func() { c.Describe(ch); close(ch) }()
-		var descs []*prometheus.Desc
-		for d := range ch {
-			descs = append(descs, d)
+		if len(f) != 3 {
+			t.Fatalf("metrics.txt: %q: want name, type, labels", l)
 		}
-		for _, d := range descs {
-			name := descName.FindStringSubmatch(d.String())
-			labels := descLabels.FindStringSubmatch(d.String())
-			if name == nil || labels == nil {
-				t.Fatalf("cannot read %s", d)
-			}
-			add(name[1], strings.Split(labels[1], ",")...)
-		}
+		add(f[0], f[1], strings.Split(f[2], ",")...)
 	}
-	fams, err := m.Registry.Gather()
+	fams, err := metrics.New("test").Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range fams {
+		if strings.HasPrefix(f.GetName(), "ratelimitd_") {
+			continue
+		}
 		var labels []string
 		for _, s := range f.GetMetric() {
 			for _, l := range s.GetLabel() {
 				labels = append(labels, l.GetName())
 			}
 		}
-		add(f.GetName(), labels...)
-		switch f.GetType().String() {
-		case "HISTOGRAM":
-			// A classic histogram has no series of the family's own name.
-			delete(out, f.GetName())
-			add(f.GetName()+"_bucket", append(labels, "le")...)
-			add(f.GetName()+"_sum", labels...)
-			add(f.GetName()+"_count", labels...)
-		case "SUMMARY":
-			add(f.GetName(), "quantile")
-			add(f.GetName()+"_sum", labels...)
-			add(f.GetName()+"_count", labels...)
-		}
+		add(f.GetName(), strings.ToLower(f.GetType().String()), labels...)
 	}
 	return out
 }

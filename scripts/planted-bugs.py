@@ -302,7 +302,7 @@ muts = [
     ("281 a replaced limit still counted","internal/service/plan.go","items[i].kind, items[i].replaced = noLimit, true","items[i].replaced = true","./internal/service ./cmd/ratelimitd","TestUnlimitedAndReplaces|TestExplain"),
     ("282 a Cluster redirection not followed","internal/redisstore/batch.go","\t\tcase err != nil && isRedirect(err):\n","\t\tcase false && isRedirect(err):\n","./internal/redisstore","TestClusterMoved"),
     ("283 the script's flag of big hits moved on one side only","internal/redisstore/scripts/decide.lua","local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE, FLAG_BIG, FLAG_PAIR = 1, 2, 4, 8, 64","local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE, FLAG_BIG, FLAG_PAIR = 1, 2, 4, 32, 64","./internal/redisstore","TestScriptContract"),
-    ("284 the incumbent's stats not told of a decision (the assembler hands the service the metrics alone)","cmd/ratelimitd/run.go","o.Recorders = []record.Recorder{metrics.Recorder{M: a.m}, compatstats.NewRecorder(a.compat)}","o.Recorders = []record.Recorder{metrics.Recorder{M: a.m}}","./cmd/ratelimitd","TestIncumbentStats"),
+    ("284 the incumbent's stats not told of a decision (the assembler hands the service the metrics alone)","cmd/ratelimitd/run.go","o.Recorders = []record.Recorder{metrics.Recorder{M: a.m.Metrics}, compatstats.NewRecorder(a.compat)}","o.Recorders = []record.Recorder{metrics.Recorder{M: a.m.Metrics}}","./cmd/ratelimitd","TestIncumbentStats"),
     ("285 a hit counted in the metrics without its decision","internal/metrics/recorder.go","\tr.M.Decision(d.Domain, d.Label, d.Outcome)\n","","./internal/service","TestMetrics$|TestHitsMetricClasses"),
     ("286 an open breaker slow to answer by policy","internal/redisstore/redisstore.go","\tif !ok {\n\t\ts.m.RedisCall(0, ClassBreakerOpen)\n","\tif !ok {\n\t\ttime.Sleep(60 * time.Millisecond)\n\t\ts.m.RedisCall(0, ClassBreakerOpen)\n","./cmd/ratelimitd","TestRedisPausedUnderLoad"),
     ("287 an open breaker never closed by Redis's answers","internal/redisstore/breaker.go","\twasOpen := b.open.Swap(false)\n","\twasOpen := b.open.Load()\n","./cmd/ratelimitd","TestRedisKilledRestarted"),
@@ -382,6 +382,7 @@ muts = [
     ('361 a charge with no time to send not handed to the journal','internal/service/decide.go','if k, ok := s.store.(ChargeKeeper); ok && k.KeepCharges(checks) {','if k, ok := s.store.(ChargeKeeper); ok && false && k.KeepCharges(checks) {','./internal/service','TestHitsKeptByTheJournal'),
     ('362 a stopping instance does not hand its kept charges over','internal/redisstore/journal.go','\tdeadline := time.Now().Add(JournalHandoff)\n','\tdeadline := time.Now()\n','./cmd/ratelimitd','TestRollingUpdateKeepsCharges'),
     ('363 an RLQS failure revokes the tokens an Envoy holds','internal/rlqs/sizing.go','\tif b.holds(now) {\n\t\tb.wake = now.Add(time.Second)\n\t\treturn nil\n\t}\n','','./internal/rlqs','TestFailureKeepsHeldTokens'),
+    ("364 a room's collectors left off the registry /metrics serves","cmd/ratelimitd/metrics.go","rlqs: rlqs.NewMetrics(m.Registry), xds: xds.NewMetrics(m.Registry)}","rlqs: rlqs.NewMetrics(m.Registry), xds: nil}","./cmd/ratelimitd","TestMetricList"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -62,7 +62,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, logOut 
 	if err != nil {
 		return err
 	}
-	a := &app{s: s, getenv: getenv, log: newLogger(s, logOut), m: metrics.New(version)}
+	a := &app{s: s, getenv: getenv, log: newLogger(s, logOut), m: newMetrics(version)}
 	defer a.cleanup()
 	a.log.Info("starting", "version", version, "go", runtime.Version())
 	for _, v := range s.ignoredEnv {
@@ -88,7 +88,7 @@ type app struct {
 	s      *settings
 	getenv func(string) string
 	log    *slog.Logger
-	m      *metrics.Metrics
+	m      *allMetrics
 	undo   []func()
 
 	compat  *compatstats.Stats
@@ -122,7 +122,7 @@ func newLogger(s *settings, out io.Writer) *slog.Logger {
 
 // startStats starts envoyproxy/ratelimit's stats when a sink wants them.
 func (a *app) startStats(ctx context.Context) error {
-	c, err := newCompatStats(ctx, a.s, a.getenv, a.m, a.log)
+	c, err := newCompatStats(ctx, a.s, a.getenv, a.m.Metrics, a.log)
 	if err != nil {
 		return err
 	}
@@ -224,7 +224,7 @@ func (a *app) newService(context.Context) error {
 	o := a.s.svc
 	// Each decision and request-level event is told once to each sink:
 	// ratelimitd's metrics and envoyproxy/ratelimit's stats.
-	o.Recorders = []record.Recorder{metrics.Recorder{M: a.m}, compatstats.NewRecorder(a.compat)}
+	o.Recorders = []record.Recorder{metrics.Recorder{M: a.m.Metrics}, compatstats.NewRecorder(a.compat)}
 	o.Logger, o.Traced = a.log, a.traces != nil
 	a.svc = service.New(a.rules, a.store, cache, o)
 	return nil
@@ -263,7 +263,7 @@ func (a *app) startReloads(ctx context.Context) error {
 	}
 	switch {
 	case s.xds.opts.Server != "":
-		return startXDS(rctx, &wg, xdsStart{x: &s.xds, id: a.xdsID, load: a.loadOps, m: a.m, log: a.log, apply: a.apply})
+		return startXDS(rctx, &wg, xdsStart{x: &s.xds, id: a.xdsID, load: a.loadOps, m: a.m.xds, log: a.log, apply: a.apply})
 	case s.watch:
 		hash := a.rules.Hash
 		wg.Go(func() {
@@ -329,7 +329,7 @@ func (a *app) startRLQS(context.Context) error {
 		return fmt.Errorf("--rlqs: the store %T cannot grant", a.store)
 	}
 	o := a.s.rlqs
-	o.Metrics, o.Logger = a.m, a.log
+	o.Metrics, o.Logger = a.m.rlqs, a.log
 	a.streams = append(a.streams, rlqs.New(a.svc, g, o))
 	a.log.Info("serving RLQS (preview): envoy.service.rate_limit_quota.v3 on the gRPC port", "margin", o.Margin)
 	return nil

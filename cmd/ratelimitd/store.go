@@ -9,21 +9,21 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/persecond"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/service"
-	"github.com/redis/go-redis/v9"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // newStore returns the Redis store for --redis-url (and
 // --redis-persecond-url), or the embedded one. A URL that does not parse
 // is an error; a Redis that does not answer yet is not: the service starts
 // and uses it once it does.
-func newStore(ctx context.Context, s *settings, tlsID *identity, tracer trace.Tracer, m *metrics.Metrics, log *slog.Logger) (service.Store, func(), error) {
+func newStore(ctx context.Context, s *settings, tlsID *identity, tracer trace.Tracer, m *allMetrics, log *slog.Logger) (service.Store, func(), error) {
 	if s.redisURL == "" {
 		log.Warn("no --redis-url: using the embedded in-memory store; limits are per process, not shared between instances")
 		return memstore.New(memstore.Options{}), func() {}, nil
@@ -36,7 +36,7 @@ func newStore(ctx context.Context, s *settings, tlsID *identity, tracer trace.Tr
 	if err != nil {
 		return nil, nil, err
 	}
-	opts.Metrics, opts.Logger, opts.Tracer = m, log, tracer
+	opts.Metrics, opts.Logger, opts.Tracer = m.store, log, tracer
 	rs, err := openRedis(ctx, opts, "--redis-url", log)
 	if err != nil {
 		return nil, nil, err
@@ -44,7 +44,7 @@ func newStore(ctx context.Context, s *settings, tlsID *identity, tracer trace.Tr
 	// Leased counters are decided from grants in process, the rest in
 	// Redis: each Redis store gets its leases.
 	lopts := s.lease
-	lopts.Metrics, lopts.Timeout = m, cmp.Or(opts.Timeout, redisstore.DefaultTimeout)
+	lopts.Metrics, lopts.Timeout = m.lease, cmp.Or(opts.Timeout, redisstore.DefaultTimeout)
 	main := lease.New(rs, lopts)
 	if s.redisPerSecondURL == "" {
 		return main, func() { _ = main.Close(); _ = rs.Close() }, nil

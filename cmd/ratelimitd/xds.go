@@ -9,7 +9,6 @@ import (
 	"sync"
 
 	"github.com/ratelimitd/ratelimitd/config"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/tlsverify"
 	"github.com/ratelimitd/ratelimitd/internal/xds"
 )
@@ -40,7 +39,7 @@ type xdsStart struct {
 	x     *xdsSettings
 	id    *identity // TLS files, nil for none
 	load  config.Options
-	m     *metrics.Metrics
+	m     *xds.Metrics
 	log   *slog.Logger
 	apply func(*config.Snapshot, error)
 }

@@ -9,7 +9,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/options"
 )
 
@@ -48,7 +47,7 @@ type Options struct {
 	// least this long, and twice the interval.
 	Timeout time.Duration
 	// Metrics receives the lease counts. Nil records nothing.
-	Metrics *metrics.Metrics
+	Metrics *Metrics
 	// Now, when set, is the clock of grants instead of time.Now: the
 	// Backend's scripted clock (tests), with no drift to cover.
 	Now func() time.Time
@@ -159,7 +158,7 @@ type leases struct {
 	timeout  time.Duration
 	margin   time.Duration
 	now      func() time.Time
-	m        *metrics.Metrics
+	m        *Metrics
 
 	mu      sync.Mutex
 	entries map[string]*grant

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -21,10 +21,11 @@ import (
 // leaseStore is a store with leases every interval over a redisstore on
 // srv, with its own metrics; clock, when set, is the scripted clock of
 // both Redis and the leases.
-func leaseStore(t *testing.T, srv *redistest.Server, interval time.Duration, clock func() time.Time) (*Store, *metrics.Metrics) {
+func leaseStore(t *testing.T, srv *redistest.Server, interval time.Duration, clock func() time.Time) (*Store, *Metrics) {
 	t.Helper()
-	m := metrics.New("test")
-	rs, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: time.Second, ScriptTime: clock, Metrics: m})
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	rs, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: time.Second, ScriptTime: clock, Metrics: redisstore.NewMetrics(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +40,7 @@ func leaseStore(t *testing.T, srv *redistest.Server, interval time.Duration, clo
 // scriptedLeases is a store with leases every 100 ms on a scripted clock
 // (Redis's and the leases') starting at startUS, its refiller stopped so
 // that the test runs its passes itself.
-func scriptedLeases(t *testing.T, srv *redistest.Server, startUS int64) (*Store, *metrics.Metrics, *atomic.Int64) {
+func scriptedLeases(t *testing.T, srv *redistest.Server, startUS int64) (*Store, *Metrics, *atomic.Int64) {
 	t.Helper()
 	clock := new(atomic.Int64)
 	clock.Store(startUS)
@@ -56,11 +57,11 @@ func manual(s *Store) {
 	s.leaseWG.Go(func() { <-s.leaseStop })
 }
 
-func hits(m *metrics.Metrics, what string) uint64 {
+func hits(m *Metrics, what string) uint64 {
 	return uint64(testutil.ToFloat64(m.LeaseHits.WithLabelValues(what)))
 }
 
-func locals(m *metrics.Metrics) uint64 {
+func locals(m *Metrics) uint64 {
 	return uint64(testutil.ToFloat64(m.LeaseDecisions.WithLabelValues("local")))
 }
 
@@ -80,7 +81,7 @@ func TestLeaseFleetNeverExceeds(t *testing.T) {
 	for ri, rule := range leaseRules {
 		t.Run(rule.Algorithm.String(), func(t *testing.T) {
 			var fleet []*Store
-			var ms []*metrics.Metrics
+			var ms []*Metrics
 			for range 3 {
 				s, m := leaseStore(t, srv, 20*time.Millisecond, nil)
 				fleet, ms = append(fleet, s), append(ms, m)
@@ -297,8 +298,9 @@ func admittedAll(checks []limit.Check, res []limit.Result) bool {
 // counter without lease, does fail: the stalls are seen.
 func TestLeaseThroughStalls(t *testing.T) {
 	srv := redistest.Start(t)
-	m := metrics.New("test")
-	rs, err := redisstore.New(redisstore.Options{URL: srv.URL(), Metrics: m})
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	rs, err := redisstore.New(redisstore.Options{URL: srv.URL(), Metrics: redisstore.NewMetrics(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,7 +532,7 @@ func TestLeaseClockReadUnderLock(t *testing.T) {
 // grantNearWindowEnd is a scripted store whose leased counter c (of
 // one-second windows) holds a grant taken 900 ms into a window, and a
 // function deciding one request of c. It fails t if no grant was taken.
-func grantNearWindowEnd(t *testing.T, c limit.Check) (*Store, *metrics.Metrics, *atomic.Int64, func() bool) {
+func grantNearWindowEnd(t *testing.T, c limit.Check) (*Store, *Metrics, *atomic.Int64, func() bool) {
 	t.Helper()
 	// A second before c's window ends, its start an hour's.
 	s, m, clock := scriptedLeases(t, redistest.Start(t), time.Now().Truncate(time.Hour).Add(time.Hour).UnixMicro()+c.WindowUS-1e6)

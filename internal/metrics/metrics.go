@@ -1,6 +1,10 @@
-// Package metrics defines every Prometheus collector of ratelimitd in one
-// place, so names stay consistent and documented. Labels are bounded:
-// domains and rules come from the rules files, never from requests.
+// Package metrics holds the registry /metrics serves and the process's
+// own collectors: the service's decisions (counted through Recorder),
+// rules and TLS reloads, the stats sink's and the tracer's losses, and
+// the build. Each other room (redisstore, lease, rlqs, xds) registers
+// its own collectors on the registry; cmd/ratelimitd's metric list test
+// holds every name and help text. Labels are bounded: domains and rules
+// come from the rules files, never from requests.
 package metrics
 
 import (
@@ -31,37 +35,16 @@ type Metrics struct {
 	CanceledRequests  prometheus.Counter
 	ShadowRequests    prometheus.Counter
 	RequestDuration   prometheus.Histogram
-	RedisDuration     prometheus.Histogram
-	RedisErrors       *prometheus.CounterVec
-	ScriptReloads     prometheus.Counter
-	IncumbentCounts   *prometheus.CounterVec
-	BatchSize         prometheus.Histogram
-	BreakerOpen       prometheus.Gauge
-	BreakerTrips      prometheus.Counter
-	MaxmemoryPolicy   *prometheus.GaugeVec
 	ConfigReloads     *prometheus.CounterVec
 	TLSReloads        *prometheus.CounterVec
 	ConfigLastSuccess prometheus.Gauge
 	ConfigInfo        *prometheus.GaugeVec
-	XDSConnected      prometheus.Gauge
-	LeaseDecisions    *prometheus.CounterVec
-	LeaseGrants       prometheus.Counter
-	LeaseHits         *prometheus.CounterVec
-	LeaseRefills      *prometheus.CounterVec
 	StatsSinkErrors   *prometheus.CounterVec
 	SpansDropped      *prometheus.CounterVec
-	RLQSStreams       prometheus.Gauge
-	RLQSBuckets       prometheus.Gauge
-	RLQSAssignments   *prometheus.CounterVec
-	RLQSGrants        *prometheus.CounterVec
-	RLQSGrantHits     *prometheus.CounterVec
-	RLQSRejected      *prometheus.CounterVec
-	JournalCharges    *prometheus.CounterVec
-	JournalPending    prometheus.Gauge
 }
 
-// New registers every collector, with Go and process collectors, on a new
-// registry.
+// New registers the process's collectors, with Go and process
+// collectors, on a new registry.
 func New(version string) *Metrics {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -100,40 +83,6 @@ func New(version string) *Metrics {
 			Help:    "Time to decide one request, store call included.",
 			Buckets: latencyBuckets,
 		}),
-		RedisDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "ratelimitd_redis_duration_seconds",
-			Help:    "Time of one Redis script evaluation (a request, or one slot group on Cluster), failures included.",
-			Buckets: latencyBuckets,
-		}),
-		RedisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_redis_errors_total",
-			Help: "Failed Redis evaluations by class: timeout, connection, breaker_open, overload (batch queue full), canceled (the caller gave up), noreplicas, oom, readonly, loading, clusterdown, masterdown, busy, other.",
-		}, []string{"class"}),
-		ScriptReloads: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimitd_redis_script_reloads_total",
-			Help: "Times Redis had lost the script (NOSCRIPT) and it was sent again.",
-		}),
-		IncumbentCounts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_incumbent_counts_total",
-			Help: "Counters started from envoyproxy/ratelimit's count (--carry-incumbent-counts) by result: carried, or not_a_count (its key held something else: ignored).",
-		}, []string{"result"}),
-		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "ratelimitd_redis_batch_size",
-			Help:    "Requests decided together in one script call (one round trip).",
-			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
-		}),
-		BreakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "ratelimitd_redis_breaker_open",
-			Help: "1 while the breaker is open: Redis is not asked, requests are answered by failure policy.",
-		}),
-		BreakerTrips: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimitd_redis_breaker_trips_total",
-			Help: "Times the breaker opened.",
-		}),
-		MaxmemoryPolicy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ratelimitd_redis_maxmemory_policy",
-			Help: "1 for the maxmemory-policy Redis reports (per node on Cluster); anything but noeviction can evict counters.",
-		}, []string{"node", "policy"}),
 		TLSReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_tls_reloads_total",
 			Help: "Reloads of TLS certificate files by identity (grpc: the served pair and client CA; redis and xds: the client pair and CA) and result; a failure keeps the files in force.",
@@ -150,22 +99,6 @@ func New(version string) *Metrics {
 			Name: "ratelimitd_config_info",
 			Help: "1 for the rules in force, labelled with their hash.",
 		}, []string{"hash"}),
-		LeaseDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_lease_requests_total",
-			Help: "Requests touching a leased counter (lease: true): local (decided in process from grants alone), waited (a grant fell short and Redis decided the rest) or cold (no grant yet: the counter's rate is too low to earn one; decided in Redis as without lease).",
-		}, []string{"how"}),
-		LeaseGrants: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimitd_lease_grants_total",
-			Help: "Grants taken from leased counters in Redis.",
-		}),
-		LeaseHits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_lease_hits_total",
-			Help: "Hits of leased counters: granted (taken from Redis), given_back (unused, returned in their window), lost (unused when their window ended, or not returned).",
-		}, []string{"what"}),
-		LeaseRefills: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_lease_refills_total",
-			Help: "Script calls of the lease refiller (takes and give-backs of many counters at once) by result.",
-		}, []string{"result"}),
 		StatsSinkErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_stats_sink_errors_total",
 			Help: "Failures of the sink of envoyproxy/ratelimit's stats (statsd: cannot connect, or lines dropped); its stats are lost, decisions never wait for it.",
@@ -174,59 +107,20 @@ func New(version string) *Metrics {
 			Name: "ratelimitd_trace_spans_dropped_total",
 			Help: "Trace spans lost by reason: queue_full (the collector is slower than the spans come) or export_failed (it refused them or could not be reached); decisions never wait for it.",
 		}, []string{"reason"}),
-		RLQSStreams: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "ratelimitd_rlqs_streams",
-			Help: "Open RLQS streams (--rlqs): one per Envoy and domain.",
-		}),
-		RLQSBuckets: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "ratelimitd_rlqs_buckets",
-			Help: "RLQS buckets the open streams report.",
-		}),
-		RLQSAssignments: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_rlqs_assignments_total",
-			Help: "Bucket actions sent to Envoys by kind: token_bucket (a grant), allow_all (no limit, shadow, or failure_mode allow), deny_all (budget spent, before a fresh grant, or failure_mode deny), abandon (idle).",
-		}, []string{"kind"}),
-		RLQSGrants: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_rlqs_grants_total",
-			Help: "Grants asked of the store for RLQS buckets by result: taken, empty (nothing remained), failed (the store could not answer: the failure mode decides), returned (taken too near the window's end to hand out, given back).",
-		}, []string{"result"}),
-		RLQSGrantHits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_rlqs_grant_hits_total",
-			Help: "Hits of RLQS grants: granted (taken from the counter and handed to an Envoy), given_back (returned unused), lost (left in grants replaced or expired, by the Envoys' last reports: an upper bound, as they may have spent some since).",
-		}, []string{"what"}),
-		RLQSRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_rlqs_reports_rejected_total",
-			Help: "RLQS usage reports (whole messages) or bucket reports refused, by reason: bucket_id_empty, bucket_id_too_large, too_many_buckets, too_many_streams, bad_domain. A refused bucket gets no assignment: Envoy's no_assignment_behavior decides it.",
-		}, []string{"reason"}),
-		JournalCharges: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_charge_journal_total",
-			Help: "Usage charges through the charge journal (--charge-journal), by outcome: confirmed (a replica acknowledged it), reapplied (the master changed before that: applied again to the new one), kept (the store could not take it, or its outcome is unknown: kept to apply), applied (a kept charge applied once the store answered), assumed (sent, unanswered, to a master still master: taken as recorded), refused (Redis refused it applied again with the script's error: dropped), expired (the master changed after its window ended: not applied again), failed (applying it again failed: kept for the next round), dropped (the journal was full: forgotten unconfirmed), no_replica (the master had no replica to confirm it: not kept), abandoned (the process stopped with it unconfirmed).",
-		}, []string{"outcome"}),
-		JournalPending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "ratelimitd_charge_journal_pending",
-			Help: "Usage charges in the charge journal: recorded by Redis and not yet acknowledged by a replica, or waiting to be applied again after the master changed.",
-		}),
-		XDSConnected: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "ratelimitd_xds_connected",
-			Help: "1 while the stream to the xDS management server (--xds-server) is open; the rules in force stay while it is not.",
-		}),
 	}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "ratelimitd_build_info",
 		Help: "1, labelled with the version and the Go version.",
 	}, []string{"version", "goversion"})
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
-	reg.MustRegister(m.Decisions, m.Hits, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.ShadowRequests, m.RequestDuration,
-		m.RedisDuration, m.RedisErrors, m.ScriptReloads, m.IncumbentCounts, m.BatchSize, m.BreakerOpen, m.BreakerTrips,
-		m.MaxmemoryPolicy, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, m.XDSConnected,
-		m.LeaseDecisions, m.LeaseGrants, m.LeaseHits, m.LeaseRefills, m.StatsSinkErrors, m.SpansDropped,
-		m.RLQSStreams, m.RLQSBuckets, m.RLQSAssignments, m.RLQSGrants, m.RLQSGrantHits, m.RLQSRejected,
-		m.JournalCharges, m.JournalPending, buildInfo)
+	reg.MustRegister(m.Decisions, m.Hits, m.Requests, m.UnknownDomain, m.InvalidRequests, m.CanceledRequests, m.ShadowRequests,
+		m.RequestDuration, m.ConfigReloads, m.TLSReloads, m.ConfigLastSuccess, m.ConfigInfo, m.StatsSinkErrors, m.SpansDropped, buildInfo)
 	return m
 }
 
 // latencyBuckets span 50 µs to 2.5 s: decisions take well under a
-// millisecond when healthy, and tens of ms at the timeout.
+// millisecond when healthy, and tens of ms at the timeout. The Redis
+// store's call histogram has the same, so the two read side by side.
 var latencyBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
 
 // Decision counts one descriptor decision.
@@ -249,18 +143,6 @@ func (m *Metrics) Request(code string, d time.Duration) {
 	if m != nil {
 		m.requests.counter1(m.Requests, code).Inc()
 		m.RequestDuration.Observe(d.Seconds())
-	}
-}
-
-// RedisCall records one evaluation's duration and, when it failed, its
-// error class.
-func (m *Metrics) RedisCall(d time.Duration, errClass string) {
-	if m == nil {
-		return
-	}
-	m.RedisDuration.Observe(d.Seconds())
-	if errClass != "" {
-		m.RedisErrors.WithLabelValues(errClass).Inc()
 	}
 }
 
@@ -305,51 +187,6 @@ func (m *Metrics) UnknownDomainRequest() {
 	}
 }
 
-// ScriptReload counts a NOSCRIPT reload.
-func (m *Metrics) ScriptReload() {
-	if m != nil {
-		m.ScriptReloads.Inc()
-	}
-}
-
-// IncumbentCount counts a counter started from envoyproxy/ratelimit's
-// count, or an incumbent key ignored (result not_a_count).
-func (m *Metrics) IncumbentCount(result string) {
-	if m != nil {
-		m.IncumbentCounts.WithLabelValues(result).Inc()
-	}
-}
-
-// Batch records the size of one pipeline.
-func (m *Metrics) Batch(n int) {
-	if m != nil {
-		m.BatchSize.Observe(float64(n))
-	}
-}
-
-// SetBreaker records the breaker's state.
-func (m *Metrics) SetBreaker(open bool) {
-	if m == nil {
-		return
-	}
-	if open {
-		m.BreakerOpen.Set(1)
-		m.BreakerTrips.Inc()
-	} else {
-		m.BreakerOpen.Set(0)
-	}
-}
-
-// SetMaxmemoryPolicy records node's policy, replacing what it reported
-// before.
-func (m *Metrics) SetMaxmemoryPolicy(node, policy string) {
-	if m == nil {
-		return
-	}
-	m.MaxmemoryPolicy.DeletePartialMatch(prometheus.Labels{"node": node})
-	m.MaxmemoryPolicy.WithLabelValues(node, policy).Set(1)
-}
-
 // ConfigLoaded records a rules load; hash is empty on failure.
 func (m *Metrics) ConfigLoaded(ok bool, hash string, at time.Time) {
 	if m == nil {
@@ -363,62 +200,6 @@ func (m *Metrics) ConfigLoaded(ok bool, hash string, at time.Time) {
 	m.ConfigLastSuccess.Set(float64(at.UnixNano()) / 1e9)
 	m.ConfigInfo.Reset()
 	m.ConfigInfo.WithLabelValues(hash).Set(1)
-}
-
-// XDSStream records whether the xDS stream is open.
-func (m *Metrics) XDSStream(open bool) {
-	if m == nil {
-		return
-	}
-	v := 0.0
-	if open {
-		v = 1
-	}
-	m.XDSConnected.Set(v)
-}
-
-// LeaseRequest counts a request touching a leased counter by how it was
-// decided: local (from grants alone), waited (a grant fell short, Redis
-// decided the rest) or cold (no grant yet; decided in Redis).
-func (m *Metrics) LeaseRequest(how string) {
-	if m != nil {
-		m.LeaseDecisions.WithLabelValues(how).Inc()
-	}
-}
-
-// LeaseGranted counts one take and the hits it got.
-func (m *Metrics) LeaseGranted(hits uint64) {
-	if m != nil {
-		m.LeaseGrants.Inc()
-		m.LeaseHits.WithLabelValues("granted").Add(float64(hits))
-	}
-}
-
-// LeaseGivenBack counts hits given back, and those that could not be
-// (their window had ended).
-func (m *Metrics) LeaseGivenBack(back, lost uint64) {
-	if m != nil {
-		m.LeaseHits.WithLabelValues("given_back").Add(float64(back))
-		m.LeaseHits.WithLabelValues("lost").Add(float64(lost))
-	}
-}
-
-// LeaseLost counts granted hits that went unused.
-func (m *Metrics) LeaseLost(hits uint64) {
-	if m != nil {
-		m.LeaseHits.WithLabelValues("lost").Add(float64(hits))
-	}
-}
-
-// LeaseRefill counts one refiller script call.
-func (m *Metrics) LeaseRefill(ok bool) {
-	if m != nil {
-		result := "success"
-		if !ok {
-			result = "failure"
-		}
-		m.LeaseRefills.WithLabelValues(result).Inc()
-	}
 }
 
 // StatsSinkError counts a failure of a stats sink.

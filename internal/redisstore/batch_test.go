@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -30,7 +30,8 @@ func TestBatchIsolation(t *testing.T) {
 	if err := admin.Do(ctx, "ACL", "SETUSER", "rl", "on", ">pw", "~ok*", "~wrongtype", "+@all").Err(); err != nil {
 		t.Fatal(err)
 	}
-	m := metrics.New("test")
+	reg := prometheus.NewRegistry()
+	m := redisstore.NewMetrics(reg)
 	s, err := redisstore.New(redisstore.Options{URL: "redis://rl:pw@" + srv.Addr(), Timeout: 2 * time.Second, Dispatchers: 1, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +88,7 @@ func TestBatchIsolation(t *testing.T) {
 		t.Error("callers giving up opened the breaker")
 	}
 	var batches *dto.Histogram
-	fams, err := m.Registry.Gather()
+	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -34,7 +34,7 @@ func TestCarryIncumbentCounts(t *testing.T) {
 	admin.Set(ctx, incumbent("u2"), "garbage", time.Hour)
 	admin.RPush(ctx, incumbent("u3"), "a list")
 	admin.IncrBy(ctx, incumbent("u4"), 900)
-	open := func(carry bool, m *metrics.Metrics) *redisstore.Store {
+	open := func(carry bool, m *redisstore.Metrics) *redisstore.Store {
 		s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: time.Second, CarryIncumbent: carry, Metrics: m})
 		if err != nil {
 			t.Fatal(err)
@@ -42,7 +42,7 @@ func TestCarryIncumbentCounts(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		return s
 	}
-	m := metrics.New("test")
+	m := redisstore.NewMetrics(prometheus.NewRegistry())
 	s := open(true, m)
 	check := func(st *redisstore.Store, user string, hits uint64) limit.Result {
 		t.Helper()

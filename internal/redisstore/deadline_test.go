@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -21,7 +21,7 @@ import (
 // again, after its caller was answered by the failure policy.
 func TestExpiredCallNotSent(t *testing.T) {
 	srv := redistest.Start(t)
-	m := metrics.New("test")
+	m := redisstore.NewMetrics(prometheus.NewRegistry())
 	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: 10 * time.Second, Dispatchers: 1, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +85,7 @@ func TestExpiredCallNotSent(t *testing.T) {
 }
 
 // batches is how many batches the store has taken to send.
-func batches(t *testing.T, m *metrics.Metrics) uint64 {
+func batches(t *testing.T, m *redisstore.Metrics) uint64 {
 	t.Helper()
 	var out dto.Metric
 	if err := m.BatchSize.Write(&out); err != nil {

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -122,7 +122,7 @@ func (bs *budgetStreams) awaitAnswer(b *testing.B, s *redisstore.Store, after st
 
 // finish stops the streams, waits out the journal (on: its pending
 // charges, until deadline) and measures the budget against the charges.
-func (bs *budgetStreams) finish(b *testing.B, s *redisstore.Store, m *metrics.Metrics, on bool, deadline time.Time) failoverRun {
+func (bs *budgetStreams) finish(b *testing.B, s *redisstore.Store, m *redisstore.Metrics, on bool, deadline time.Time) failoverRun {
 	close(bs.stop)
 	bs.wg.Wait()
 	if on {
@@ -152,7 +152,7 @@ func (bs *budgetStreams) finish(b *testing.B, s *redisstore.Store, m *metrics.Me
 	return run
 }
 
-func journalOutcomeF(m *metrics.Metrics, outcome string) float64 {
+func journalOutcomeF(m *redisstore.Metrics, outcome string) float64 {
 	return testutil.ToFloat64(m.JournalCharges.WithLabelValues(outcome))
 }
 
@@ -211,7 +211,7 @@ func BenchmarkChargeOutage(b *testing.B) {
 func chargeOutage(b *testing.B, trouble string, streams int, on bool) failoverRun {
 	srv := redistest.Start(b)
 	link := redistest.NewLink(b, srv.Addr())
-	m := metrics.New("test")
+	m := redisstore.NewMetrics(prometheus.NewRegistry())
 	s, err := redisstore.New(redisstore.Options{URL: fmt.Sprintf("redis://127.0.0.1:%d", link.Port), ProbeInterval: 100 * time.Millisecond,
 		ChargeJournal: on, Metrics: m})
 	if err != nil {

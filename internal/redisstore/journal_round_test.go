@@ -5,10 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
 
@@ -19,7 +19,7 @@ import (
 // does: its data kept, its replication ID new.
 func TestJournalRoundLeavesNewCharges(t *testing.T) {
 	srv := redistest.Start(t)
-	m := metrics.New("test")
+	m := NewMetrics(prometheus.NewRegistry())
 	s, err := New(Options{URL: srv.URL(), Timeout: time.Second, Metrics: m})
 	if err != nil {
 		t.Fatal(err)

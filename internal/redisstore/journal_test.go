@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -19,9 +19,9 @@ import (
 // failoverStore is a store on a Sentinel's url with the charge journal
 // on or off, probing the master every 100 ms, and its metrics; the
 // caller closes it.
-func failoverStore(tb testing.TB, url string, on bool) (*redisstore.Store, *metrics.Metrics) {
+func failoverStore(tb testing.TB, url string, on bool) (*redisstore.Store, *redisstore.Metrics) {
 	tb.Helper()
-	m := metrics.New("test")
+	m := redisstore.NewMetrics(prometheus.NewRegistry())
 	s, err := redisstore.New(redisstore.Options{URL: url, Timeout: time.Second, ProbeInterval: 100 * time.Millisecond,
 		ChargeJournal: on, Metrics: m})
 	if err != nil {
@@ -50,7 +50,7 @@ func charged(t *testing.T, s *redisstore.Store, key string) (uint64, error) {
 	return c.Limit - r[0].Remaining, nil
 }
 
-func journalOutcome(m *metrics.Metrics, outcome string) int {
+func journalOutcome(m *redisstore.Metrics, outcome string) int {
 	return int(testutil.ToFloat64(m.JournalCharges.WithLabelValues(outcome)))
 }
 
@@ -164,7 +164,7 @@ func TestChargeJournalBound(t *testing.T) {
 		return redisstore.InfoField(info, "connected_slaves") == "1"
 	})
 	link.Hold()
-	m := metrics.New("test")
+	m := redisstore.NewMetrics(prometheus.NewRegistry())
 	var logs syncBuf
 	// Room for about five entries of these keys.
 	s, err := redisstore.New(redisstore.Options{URL: master.URL(), Timeout: time.Second, ChargeJournal: true, JournalBytes: 5 * 170,
@@ -201,7 +201,7 @@ func TestChargeJournalBound(t *testing.T) {
 // charges no_replica, with no error per charge.
 func TestChargeJournalNoReplica(t *testing.T) {
 	srv := redistest.Start(t)
-	m := metrics.New("test")
+	m := redisstore.NewMetrics(prometheus.NewRegistry())
 	var logs syncBuf
 	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: time.Second, ChargeJournal: true,
 		Metrics: m, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -238,7 +238,7 @@ func TestChargeJournalFreesConfirmed(t *testing.T) {
 		info, _ := master.Client().Info(ctx, "replication").Result()
 		return redisstore.InfoField(info, "connected_slaves") == "1"
 	})
-	m := metrics.New("test")
+	m := redisstore.NewMetrics(prometheus.NewRegistry())
 	s, err := redisstore.New(redisstore.Options{URL: master.URL(), Timeout: time.Second, ChargeJournal: true, JournalBytes: 5 * 170, Metrics: m})
 	if err != nil {
 		t.Fatal(err)

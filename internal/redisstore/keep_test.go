@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -20,9 +20,9 @@ import (
 // keepStore is a store with the charge journal on url (by default: auto), quick to give up
 // on Redis (a call's timeout 300 ms, the breaker's probe every 100 ms),
 // and its metrics and log.
-func keepStore(t *testing.T, url string, journalBytes int) (*redisstore.Store, *metrics.Metrics, *syncBuf) {
+func keepStore(t *testing.T, url string, journalBytes int) (*redisstore.Store, *redisstore.Metrics, *syncBuf) {
 	t.Helper()
-	m := metrics.New("test")
+	m := redisstore.NewMetrics(prometheus.NewRegistry())
 	var logs syncBuf
 	s, err := redisstore.New(redisstore.Options{URL: url, Timeout: 300 * time.Millisecond, ProbeInterval: 100 * time.Millisecond,
 		ChargeJournalAuto: true, JournalBytes: journalBytes, Metrics: m, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -100,7 +100,7 @@ func TestChargesKeptThroughOutage(t *testing.T) {
 // spentStore is a keepStore on a Redis of its own, its budget "spend"
 // charged 5, once a round of the journal has learned the master (with
 // no replica to confirm, it keeps nothing it recorded).
-func spentStore(t *testing.T) (*redistest.Server, *redisstore.Store, *metrics.Metrics) {
+func spentStore(t *testing.T) (*redistest.Server, *redisstore.Store, *redisstore.Metrics) {
 	t.Helper()
 	srv := redistest.Start(t)
 	s, m, _ := keepStore(t, srv.URL(), 0)

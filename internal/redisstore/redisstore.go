@@ -26,7 +26,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
 // Defaults of [Options].
@@ -83,7 +82,7 @@ type Options struct {
 	CarryIncumbent bool
 	// Metrics receives call latencies, error classes, breaker state and
 	// the maxmemory policy. Nil records nothing.
-	Metrics *metrics.Metrics
+	Metrics *Metrics
 	// Dispatchers is the number of batching dispatchers, each with its
 	// own connection (per node on Cluster). Zero means 1, measured best
 	// in docs/BENCHMARKS.md (one connection carries larger batches);
@@ -146,7 +145,7 @@ type Store struct {
 	seeded     seeded
 	timeout    time.Duration
 	now        func() time.Time
-	m          *metrics.Metrics
+	m          *Metrics
 	log        *slog.Logger
 	breaker    *breaker
 	tracer     trace.Tracer // nil: no spans

@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -29,7 +29,7 @@ var hourCheck = []limit.Check{{Key: "k", Limit: 1000, WindowUS: 3600e6, Hits: 1}
 // same port closes it by itself, and no goroutine is left behind.
 func TestBreakerKillRestart(t *testing.T) {
 	srv := redistest.Start(t)
-	m := metrics.New("test")
+	m := redisstore.NewMetrics(prometheus.NewRegistry())
 	goroutines := runtime.NumGoroutine()
 	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: 50 * time.Millisecond,
 		BreakerOpenAfter: 100 * time.Millisecond, ProbeInterval: 50 * time.Millisecond, Metrics: m})
@@ -196,7 +196,7 @@ func TestPausedRedisBounded(t *testing.T) {
 // the breaker stays closed, and every other request is decided by Redis.
 func TestSlowRoundTripKeepsBreakerClosed(t *testing.T) {
 	srv := redistest.Start(t)
-	m := metrics.New("test")
+	m := redisstore.NewMetrics(prometheus.NewRegistry())
 	const timeout = 50 * time.Millisecond
 	s := decidedOnce(t, redisstore.Options{URL: srv.URL(), Timeout: timeout, Metrics: m})
 	ctx := context.Background()
@@ -244,7 +244,7 @@ func TestSlowRoundTripKeepsBreakerClosed(t *testing.T) {
 // does not trip the breaker (Redis answered at once).
 func TestNoReplicas(t *testing.T) {
 	srv := redistest.Start(t, "--min-replicas-to-write", "1")
-	m := metrics.New("test")
+	m := redisstore.NewMetrics(prometheus.NewRegistry())
 	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: time.Second, BreakerFailures: 1, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
@@ -264,7 +264,7 @@ func TestNoReplicas(t *testing.T) {
 
 func TestMaxmemoryPolicyWarning(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory-policy", "allkeys-lru")
-	m := metrics.New("test")
+	m := redisstore.NewMetrics(prometheus.NewRegistry())
 	var logs syncBuf
 	s, err := redisstore.New(redisstore.Options{URL: srv.URL(), Metrics: m, Logger: slog.New(slog.NewTextHandler(&logs, nil)), PolicyCheckEvery: 50 * time.Millisecond})
 	if err != nil {

@@ -13,12 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -413,8 +413,9 @@ func TestClusterNodePaused(t *testing.T) {
 // the limit is admitted.
 func TestClusterLeases(t *testing.T) {
 	redistest.AwayFromHourEnd(10 * time.Second) // the counters are per hour
-	m := metrics.New("test")
-	nodes, rs := clusterStore(t, func(o *redisstore.Options) { o.Metrics = m })
+	reg := prometheus.NewRegistry()
+	nodes, rs := clusterStore(t, func(o *redisstore.Options) { o.Metrics = redisstore.NewMetrics(reg) })
+	m := lease.NewMetrics(reg)
 	s := lease.New(rs, lease.Options{Interval: 20 * time.Millisecond, Timeout: time.Second, Metrics: m})
 	defer s.Close()
 	keys := clusterKeys(t, nodes, "leased", 3)

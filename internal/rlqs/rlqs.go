@@ -28,7 +28,6 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -99,7 +98,7 @@ type Options struct {
 	// come from the store's. Nil means time.Now.
 	Now func() time.Time
 	// Metrics receives the RLQS metrics. Nil records nothing.
-	Metrics *metrics.Metrics
+	Metrics *Metrics
 	// Logger receives stream errors. Nil discards.
 	Logger *slog.Logger
 }
@@ -132,7 +131,7 @@ type Server struct {
 	store Granter
 	opts  Options
 	log   *slog.Logger
-	m     *metrics.Metrics
+	m     *Metrics
 
 	mu       sync.Mutex
 	streams  int

@@ -11,18 +11,18 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/rlqs"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
-func unitServer(t *testing.T, rules string, store rlqs.Granter, opts rlqs.Options) (*rlqs.Server, *metrics.Metrics) {
+func unitServer(t *testing.T, rules string, store rlqs.Granter, opts rlqs.Options) (*rlqs.Server, *rlqs.Metrics) {
 	t.Helper()
 	snap, err := config.Parse("rules.yaml", []byte(rules))
 	if err != nil {
@@ -31,7 +31,7 @@ func unitServer(t *testing.T, rules string, store rlqs.Granter, opts rlqs.Option
 	if store == nil {
 		store = memstore.New(memstore.Options{})
 	}
-	m := metrics.New("test")
+	m := rlqs.NewMetrics(prometheus.NewRegistry())
 	opts.Metrics = m
 	svc := service.New(snap, store.(service.Store), nil, service.Options{})
 	return rlqs.New(svc, store, opts), m

@@ -16,10 +16,10 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/rlqs"
@@ -355,7 +355,7 @@ func newSim(t testing.TB, cfg simConfig) *sim {
 	t.Cleanup(func() { s.store.Close() })
 	s.svc = service.New(snap, s.store, nil, service.Options{Now: func() time.Time { return s.now }})
 	for range max(1, cfg.servers) {
-		s.srvs = append(s.srvs, rlqs.New(s.svc, countingGranter{s, s.store}, rlqs.Options{Now: func() time.Time { return s.now }, Metrics: metrics.New("test")}))
+		s.srvs = append(s.srvs, rlqs.New(s.svc, countingGranter{s, s.store}, rlqs.Options{Now: func() time.Time { return s.now }, Metrics: rlqs.NewMetrics(prometheus.NewRegistry())}))
 		s.dead = append(s.dead, false)
 	}
 	for i := range cfg.envoys {

@@ -8,12 +8,12 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -131,13 +131,14 @@ func TestLeasedRule(t *testing.T) {
 	redistest.AwayFromHourEnd(10 * time.Second)
 	rules := parseRules(t, "domain: web\ndescriptors:\n  - key: hot\n    rate_limit: {unit: hour, requests_per_unit: 50, lease: true}\n")
 	srv := redistest.Start(t)
-	m := metrics.New("test")
-	red, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: 2 * time.Second, Metrics: m})
+	reg := prometheus.NewRegistry()
+	lm := lease.NewMetrics(reg)
+	red, err := redisstore.New(redisstore.Options{URL: srv.URL(), Timeout: 2 * time.Second, Metrics: redisstore.NewMetrics(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer red.Close()
-	rs := lease.New(red, lease.Options{Interval: 10 * time.Millisecond, Timeout: 2 * time.Second, Metrics: m})
+	rs := lease.New(red, lease.Options{Interval: 10 * time.Millisecond, Timeout: 2 * time.Second, Metrics: lm})
 	defer rs.Close()
 	for name, st := range map[string]service.Store{"memstore": memstore.New(memstore.Options{}), "redisstore": rs} {
 		s := service.New(rules, st, nil, service.Options{})
@@ -159,7 +160,7 @@ func TestLeasedRule(t *testing.T) {
 			t.Errorf("%s: %d of 160 admitted, want exactly 50", name, ok.Load())
 		}
 	}
-	if local := testutil.ToFloat64(m.LeaseDecisions.WithLabelValues("local")); local < 10 {
+	if local := testutil.ToFloat64(lm.LeaseDecisions.WithLabelValues("local")); local < 10 {
 		t.Errorf("%v requests decided in process by redisstore; want grants in use", local)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 	"github.com/ratelimitd/ratelimitd/internal/tracing"
 )
@@ -89,7 +90,7 @@ func BenchmarkIncumbentStats(b *testing.B) {
 				}
 				defer compat.Close()
 			}
-			s := service.New(snap, memstore.New(memstore.Options{}), nil, service.Options{Compat: compat})
+			s := service.New(snap, memstore.New(memstore.Options{}), nil, service.Options{Recorders: []record.Recorder{compatstats.NewRecorder(compat)}})
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {

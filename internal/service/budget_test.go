@@ -9,6 +9,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -28,7 +29,7 @@ func clockedWith(t *testing.T, rules string, opts service.Options, f func(t *tes
 		clock.Store(time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC).UnixMicro())
 		now := func() time.Time { return time.UnixMicro(clock.Load()) }
 		o := opts
-		o.Metrics, o.Now = metrics.New("test"), now
+		o.Recorders, o.Now = []record.Recorder{metrics.Recorder{M: metrics.New("test")}}, now
 		s := service.New(parseRules(t, rules), st(now), nil, o)
 		f(t, s, func(d time.Duration) { clock.Add(d.Microseconds()) })
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -24,7 +25,7 @@ func TestLocalCacheStats(t *testing.T) {
 	}
 	defer compat.Close()
 	snap := parseRules(t, "domain: web\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n")
-	s := service.New(snap, memstore.New(memstore.Options{}), overlimitcache.New(1<<20), service.Options{Compat: compat, ShadowMode: true})
+	s := service.New(snap, memstore.New(memstore.Options{}), overlimitcache.New(1<<20), service.Options{Recorders: []record.Recorder{compatstats.NewRecorder(compat)}, ShadowMode: true})
 	req := &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}}
 	for range 5 { // 2 within; the 2nd exhausts it, so 3 from the cache
 		if _, err := s.ShouldRateLimit(context.Background(), req); err != nil {

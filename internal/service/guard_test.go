@@ -9,6 +9,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -46,7 +47,7 @@ func TestCacheBlocksUntilExactReset(t *testing.T) {
 func TestNoStoreCallInsideTheMargin(t *testing.T) {
 	st := &countingStore{Store: memstore.New(memstore.Options{})}
 	m := metrics.New("test")
-	s := service.New(rules(t), st, nil, service.Options{DeadlineMargin: time.Hour, Metrics: m})
+	s := service.New(rules(t), st, nil, service.Options{DeadlineMargin: time.Hour, Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	resp, err := s.ShouldRateLimit(ctx, request(desc("user", "m")))

@@ -16,6 +16,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -31,7 +32,7 @@ func TestHugeHitsStayExact(t *testing.T) {
 		m := metrics.New("test")
 		// All or nothing (--rejected-hits nothing): under usage, huge
 		// stated hits are charged, and TestUsageCharges covers that.
-		s := service.New(rules(t), st, nil, service.Options{Metrics: m, RejectedHits: config.RejectedNothing})
+		s := service.New(rules(t), st, nil, service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}, RejectedHits: config.RejectedNothing})
 		for range 3 {
 			call(t, s, request(desc("user", "x")))
 		}
@@ -99,7 +100,7 @@ func (blockingStore) Evaluate(ctx context.Context, _ []limit.Check) ([]limit.Res
 // count at will); a call whose time ran out is still answered by policy.
 func TestCanceledCallerNotAnswered(t *testing.T) {
 	m := metrics.New("test")
-	s := service.New(rules(t), blockingStore{}, nil, service.Options{Metrics: m})
+	s := service.New(rules(t), blockingStore{}, nil, service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(20*time.Millisecond, cancel)
 	if _, err := s.ShouldRateLimit(ctx, request(desc("user", "c"))); !errors.Is(err, service.ErrCanceled) || !errors.Is(err, context.Canceled) {
@@ -131,7 +132,7 @@ func (canceledErrStore) Evaluate(context.Context, []limit.Check) ([]limit.Result
 // answered by policy (and counted fail-open), not a silent cancellation.
 func TestCancellationIsTheCallers(t *testing.T) {
 	m := metrics.New("test")
-	s := service.New(rules(t), canceledErrStore{}, nil, service.Options{Metrics: m})
+	s := service.New(rules(t), canceledErrStore{}, nil, service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 	resp, err := s.ShouldRateLimit(context.Background(), request(desc("user", "c")))
 	if err != nil || resp.GetOverallCode().String() != "OK" {
 		t.Fatalf("store error wrapping Canceled, caller waiting: %v, %v; want OK by failure policy", resp, err)
@@ -149,7 +150,7 @@ func TestHitsOfUnknownOutcome(t *testing.T) {
 		return testutil.ToFloat64(m.Hits.WithLabelValues("ai", "ai.user", result))
 	}
 	m := metrics.New("test")
-	s := service.New(parseRules(t, budgetRules), blockingStore{}, nil, service.Options{Metrics: m})
+	s := service.New(parseRules(t, budgetRules), blockingStore{}, nil, service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 	tctx, tcancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer tcancel()
 	if _, err := s.ShouldRateLimit(tctx, aiRequest(tokens(300, "user", "u"))); err != nil {
@@ -164,7 +165,7 @@ func TestHitsOfUnknownOutcome(t *testing.T) {
 		t.Fatalf("timed out and canceled charges: unknown %v, lost %v; want 340, 0", u, l)
 	}
 	m = metrics.New("test")
-	s = service.New(parseRules(t, budgetRules), failingStore{}, nil, service.Options{Metrics: m})
+	s = service.New(parseRules(t, budgetRules), failingStore{}, nil, service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 	call(t, s, aiRequest(tokens(700, "user", "u")))
 	if u, l := count(m, service.HitsUnknown), count(m, service.HitsLost); u != 0 || l != 700 {
 		t.Fatalf("refused by the store: unknown %v, lost %v; want 0, 700", u, l)
@@ -192,7 +193,7 @@ func (k keepingStore) KeepCharges(checks []limit.Check) bool {
 func TestHitsKeptByTheJournal(t *testing.T) {
 	m := metrics.New("test")
 	var kept atomic.Int64
-	s := service.New(parseRules(t, budgetRules), keepingStore{&kept}, nil, service.Options{Metrics: m})
+	s := service.New(parseRules(t, budgetRules), keepingStore{&kept}, nil, service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 	call(t, s, aiRequest(tokens(700, "user", "u")))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()

@@ -11,6 +11,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -32,7 +33,7 @@ func remaining(t *testing.T, s *service.Service, u string) uint32 {
 func TestRequestHitsAddendCharges(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st service.Store) {
 		m := metrics.New("test")
-		s := service.New(parseRules(t, budgetRules), st, nil, service.Options{Metrics: m})
+		s := service.New(parseRules(t, budgetRules), st, nil, service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 		for _, n := range []uint32{900, 500} {
 			req := aiRequest(desc("user", "rq"))
 			req.HitsAddend = n
@@ -89,7 +90,7 @@ func TestChargeBesideCachedRefusal(t *testing.T) {
 func TestHitsMetricClasses(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st service.Store) {
 		m := metrics.New("test")
-		s := service.New(parseRules(t, holeRules), st, nil, service.Options{Metrics: m})
+		s := service.New(parseRules(t, holeRules), st, nil, service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 		call(t, s, aiRequest(desc("tiny", "y")))
 		if r := call(t, s, aiRequest(desc("tiny", "y"), desc("rps", "r"), tokens(40, "user", "mc"))); codes(r) != "OVER_LIMIT OVER_LIMIT OK OK" {
 			t.Fatalf("refused request: %v", codes(r))

@@ -19,7 +19,6 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/lograte"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
 // Store evaluates one request's checks atomically and returns one Result
@@ -138,14 +137,8 @@ type Options struct {
 	// Recorders are told each descriptor's decision and each
 	// request-level event, once each (internal/record): the assembler
 	// hands in ratelimitd's metrics and envoyproxy/ratelimit's stats.
-	// Nil means those of Metrics and Compat.
+	// Nil counts nothing.
 	Recorders []record.Recorder
-	// Metrics and Compat, when Recorders is nil, are the sinks: decision
-	// counters, and every decision under envoyproxy/ratelimit's stat
-	// names too (statsd, and Prometheus through its mapping). Nil counts
-	// nothing.
-	Metrics *metrics.Metrics
-	Compat  *compatstats.Stats
 	// Logger receives fail-open warnings (at most one a second) and, at
 	// debug level, one line per request. Nil discards.
 	Logger *slog.Logger
@@ -226,9 +219,6 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 		opts.NearLimitRatio = compatstats.DefaultNearLimitRatio
 	}
 	s := &Service{store: store, cache: cache, opts: opts, log: opts.Logger, now: opts.Now, recorders: opts.Recorders}
-	if s.recorders == nil {
-		s.recorders = []record.Recorder{metrics.Recorder{M: opts.Metrics}, compatstats.NewRecorder(opts.Compat)}
-	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}

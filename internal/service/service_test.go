@@ -21,6 +21,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -146,7 +147,7 @@ func codes(resp *rlsv3.RateLimitResponse) string {
 func TestFixedWindow(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st service.Store) {
 		m := metrics.New("test")
-		s := service.New(rules(t), st, nil, service.Options{Metrics: m})
+		s := service.New(rules(t), st, nil, service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 		for i, want := range []uint32{2, 1, 0} {
 			resp := call(t, s, request(desc("user", "alice")))
 			stt := resp.GetStatuses()[0]
@@ -311,7 +312,7 @@ func TestShadow(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st service.Store) {
 		cs := &countingStore{Store: st}
 		m := metrics.New("test")
-		s := service.New(rules(t), cs, overlimitcache.New(1<<20), service.Options{Metrics: m})
+		s := service.New(rules(t), cs, overlimitcache.New(1<<20), service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 		for i := range 4 {
 			r := call(t, s, request(desc("shadow", "x"), desc("ip", "1")))
 			if codes(r) != "OK OK OK" {
@@ -336,7 +337,7 @@ func TestShadow(t *testing.T) {
 
 func TestGlobalShadow(t *testing.T) {
 	m := metrics.New("test")
-	s := service.New(rules(t), memstore.New(memstore.Options{}), nil, service.Options{ShadowMode: true, Metrics: m})
+	s := service.New(rules(t), memstore.New(memstore.Options{}), nil, service.Options{ShadowMode: true, Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 	if r := call(t, s, request(desc("zero", "x"))); codes(r) != "OK OVER_LIMIT" {
 		t.Fatalf("global shadow = %v, want overall OK with the descriptor OVER_LIMIT", codes(r))
 	}
@@ -364,7 +365,7 @@ func TestLocalCache(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st service.Store) {
 		cs := &countingStore{Store: st}
 		m := metrics.New("test")
-		s := service.New(rules(t), cs, overlimitcache.New(1<<20), service.Options{Metrics: m})
+		s := service.New(rules(t), cs, overlimitcache.New(1<<20), service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 		call(t, s, request(desc("tight", "c")))
 		calls := cs.calls.Load()
 		for range 3 {
@@ -442,7 +443,7 @@ func TestFailurePolicy(t *testing.T) {
 	cs := &countingStore{Store: memstore.New(memstore.Options{})}
 	cs.fail.Store(true)
 	m := metrics.New("test")
-	s := service.New(rules(t), cs, nil, service.Options{ResponseHeaders: service.HeadersLegacy, Metrics: m})
+	s := service.New(rules(t), cs, nil, service.Options{ResponseHeaders: service.HeadersLegacy, Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 	r := call(t, s, request(desc("zero", "x"), desc("nope", "y"), desc("login", "u")))
 	if codes(r) != "OVER_LIMIT OK OK OVER_LIMIT" {
 		t.Fatalf("store down = %v, want the default rule open, login (deny) closed", codes(r))
@@ -523,7 +524,7 @@ func TestCallerDeadline(t *testing.T) {
 
 func TestMetrics(t *testing.T) {
 	m := metrics.New("test")
-	s := service.New(rules(t), memstore.New(memstore.Options{}), overlimitcache.New(1<<20), service.Options{Metrics: m})
+	s := service.New(rules(t), memstore.New(memstore.Options{}), overlimitcache.New(1<<20), service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 	for range 5 {
 		call(t, s, request(desc("user", "m"), desc("unl", "x"), desc("shadow", "s")))
 	}
@@ -644,7 +645,7 @@ func TestDetailedMetricCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := metrics.New("test")
-	s := service.New(snap, memstore.New(memstore.Options{}), nil, service.Options{Metrics: m, DetailedMetricCap: 3})
+	s := service.New(snap, memstore.New(memstore.Options{}), nil, service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}, DetailedMetricCap: 3})
 	for i := range 10 {
 		call(t, s, request(desc("ip", strconv.Itoa(i))))
 	}

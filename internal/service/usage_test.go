@@ -18,6 +18,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -65,7 +66,7 @@ func TestUsageCharges(t *testing.T) {
 					cache = overlimitcache.New(1 << 20)
 				}
 				m := metrics.New("test")
-				s := service.New(parseRules(t, budgetRules), st, cache, service.Options{Metrics: m})
+				s := service.New(parseRules(t, budgetRules), st, cache, service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 				step := func(what string, n uint64, want string, remaining uint32) {
 					t.Helper()
 					r := call(t, s, aiRequest(tokens(n, "user", "u1")))
@@ -144,7 +145,7 @@ func (failingStore) Evaluate(context.Context, []limit.Check) ([]limit.Result, er
 // failure policy and is counted as lost, never silently dropped.
 func TestUsageLostCounted(t *testing.T) {
 	m := metrics.New("test")
-	s := service.New(parseRules(t, budgetRules), failingStore{}, nil, service.Options{Metrics: m})
+	s := service.New(parseRules(t, budgetRules), failingStore{}, nil, service.Options{Recorders: []record.Recorder{metrics.Recorder{M: m}}})
 	if r := call(t, s, aiRequest(tokens(700, "user", "u3"))); codes(r) != "OK OK" {
 		t.Fatalf("fail open by default: %v", codes(r))
 	}

@@ -40,7 +40,6 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/ratelimitd/ratelimitd/config"
-	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
 // TypeURL is the resource type asked for.
@@ -88,7 +87,7 @@ type Options struct {
 	// rules in force). Calls come one at a time.
 	OnLoad func(*config.Snapshot, error)
 	// Metrics gets whether the stream is open.
-	Metrics *metrics.Metrics
+	Metrics *Metrics
 	Logger  *slog.Logger
 }
 
