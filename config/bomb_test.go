@@ -13,7 +13,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/ratelimitd/ratelimitd/internal/rulestest"
+	"github.com/ratelimitd/ratelimitd/config/rulestest"
 )
 
 // TestBombsBounded: each bomb is refused within 2 s, allocating under

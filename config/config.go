@@ -2,10 +2,11 @@ package config
 
 import (
 	"fmt"
-	"google.golang.org/protobuf/types/known/structpb"
 	"sort"
 	"strings"
 	"time"
+
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // RateLimit is the limit a rule applies.

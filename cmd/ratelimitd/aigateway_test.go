@@ -13,8 +13,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
-	"github.com/ratelimitd/ratelimitd/internal/xdstest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/xds/xdstest"
 )
 
 // quotaBucket is a rule of Envoy AI Gateway's QuotaPolicy as its

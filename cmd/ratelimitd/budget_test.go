@@ -15,8 +15,8 @@ import (
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
-	"github.com/ratelimitd/ratelimitd/internal/xdstest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/xds/xdstest"
 )
 
 const budgetYAML = "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n"

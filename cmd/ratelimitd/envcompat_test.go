@@ -13,8 +13,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/ratelimitd/ratelimitd/internal/envcompat"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/incumbentenv"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // TestEnvoyproxyEnvironment starts ratelimitd with the environment of
@@ -146,7 +146,7 @@ func TestEnvoyproxyTableInReadme(t *testing.T) {
 		"DEBUG_PORT", "LOG_LEVEL", "LIMIT_RESPONSE_HEADERS_ENABLED", "GRPC_SERVER_USE_TLS", "USE_STATSD", "STATSD_HOST",
 		"STATSD_PORT", "STATSD_PROTOCOL", "DISABLE_STATS", "USE_PROMETHEUS", "PROMETHEUS_ADDR", "PROMETHEUS_PATH", "PROMETHEUS_MAPPER_YAML",
 		"USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS"}
-	for _, e := range append(envcompat.Settings, envcompat.XDS...) {
+	for _, e := range append(incumbentenv.Settings, incumbentenv.XDS...) {
 		names = append(names, e.Name)
 	}
 	names = append(names, "CONFIG_GRPC_XDS_SERVER_URL")

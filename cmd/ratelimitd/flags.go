@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/envcompat"
+	"github.com/ratelimitd/ratelimitd/internal/incumbentenv"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -84,7 +84,7 @@ func (p *pairs) String() string {
 }
 
 func (p *pairs) Set(s string) error {
-	m, err := envcompat.ParsePairs(s)
+	m, err := incumbentenv.ParsePairs(s)
 	if err != nil {
 		return err
 	}

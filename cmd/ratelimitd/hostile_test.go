@@ -22,7 +22,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/ratelimitd/ratelimitd/internal/rulestest"
+	"github.com/ratelimitd/ratelimitd/config/rulestest"
 )
 
 // getWithin GETs url until it answers, for up to 10 s (a server just

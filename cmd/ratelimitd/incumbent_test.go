@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // recordedDir holds envoyproxy/ratelimit's own output for the traffic of

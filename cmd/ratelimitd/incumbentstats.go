@@ -10,13 +10,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/ratelimitd/ratelimitd/internal/compatstats"
+	"github.com/ratelimitd/ratelimitd/internal/incumbentstats"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 )
 
-// newCompatStats makes the counters of envoyproxy/ratelimit's stats when
+// newIncumbentStats makes the counters of envoyproxy/ratelimit's stats when
 // a sink wants them (--statsd-addr, --compat-metrics-addr), else nil.
-func newCompatStats(ctx context.Context, s *settings, getenv func(string) string, m *metrics.Metrics, log *slog.Logger) (*compatstats.Stats, error) {
+func newIncumbentStats(ctx context.Context, s *settings, getenv func(string) string, m *metrics.Metrics, log *slog.Logger) (*incumbentstats.Stats, error) {
 	st := &s.stats
 	if st.opts.StatsdAddr == "" && st.compatAddr == "" {
 		return nil, nil
@@ -30,11 +30,11 @@ func newCompatStats(ctx context.Context, s *settings, getenv func(string) string
 		}
 		opts.Mapping = string(b)
 	}
-	c, err := compatstats.New(ctx, opts)
+	c, err := incumbentstats.New(ctx, opts)
 	switch {
 	case err != nil && st.mapper != "":
 		return nil, fmt.Errorf("--compat-metrics-mapper %s: %w", st.mapper, err)
-	case errors.Is(err, compatstats.ErrAddress):
+	case errors.Is(err, incumbentstats.ErrAddress):
 		return nil, fmt.Errorf("--statsd-addr: %w", err)
 	case err != nil:
 		return nil, err
@@ -45,9 +45,9 @@ func newCompatStats(ctx context.Context, s *settings, getenv func(string) string
 	return c, nil
 }
 
-// serveCompat serves envoyproxy/ratelimit's stats as Prometheus metrics on
+// serveIncumbentStats serves envoyproxy/ratelimit's stats as Prometheus metrics on
 // addr until the returned stop is called.
-func serveCompat(addr, path string, c *compatstats.Stats, log *slog.Logger) (stop func(), err error) {
+func serveIncumbentStats(addr, path string, c *incumbentstats.Stats, log *slog.Logger) (stop func(), err error) {
 	mux := http.NewServeMux()
 	mux.Handle(path, promhttp.HandlerFor(c.Registry(), promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}))
 	return serveAside("--compat-metrics-addr", addr, mux, log)

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
-	"github.com/ratelimitd/ratelimitd/internal/rlqstest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/rlqs/rlqstest"
 )
 
 const rlqsRules = `domain: edge

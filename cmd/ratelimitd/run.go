@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ratelimitd/ratelimitd/config"
-	"github.com/ratelimitd/ratelimitd/internal/compatstats"
 	"github.com/ratelimitd/ratelimitd/internal/filewatch"
+	"github.com/ratelimitd/ratelimitd/internal/incumbentstats"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
@@ -91,17 +91,17 @@ type app struct {
 	m      *allMetrics
 	undo   []func()
 
-	compat  *compatstats.Stats
-	rules   *config.Snapshot
-	loadOps config.Options
-	ids     []*identity // those set, for reloads
-	grpcID  *identity
-	redisID *identity
-	xdsID   *identity
-	traces  *tracing.Tracing
-	store   service.Store
-	svc     *service.Service
-	streams []server.StreamService
+	incumbent *incumbentstats.Stats
+	rules     *config.Snapshot
+	loadOps   config.Options
+	ids       []*identity // those set, for reloads
+	grpcID    *identity
+	redisID   *identity
+	xdsID     *identity
+	traces    *tracing.Tracing
+	store     service.Store
+	svc       *service.Service
+	streams   []server.StreamService
 }
 
 func (a *app) onExit(f func()) { a.undo = append(a.undo, f) }
@@ -122,11 +122,11 @@ func newLogger(s *settings, out io.Writer) *slog.Logger {
 
 // startStats starts envoyproxy/ratelimit's stats when a sink wants them.
 func (a *app) startStats(ctx context.Context) error {
-	c, err := newCompatStats(ctx, a.s, a.getenv, a.m.Metrics, a.log)
+	c, err := newIncumbentStats(ctx, a.s, a.getenv, a.m.Metrics, a.log)
 	if err != nil {
 		return err
 	}
-	a.compat = c
+	a.incumbent = c
 	var flusher sync.WaitGroup
 	flusher.Go(func() { c.Run(ctx) })
 	a.onExit(func() {
@@ -146,11 +146,11 @@ func (a *app) loadRules(ctx context.Context) error {
 	switch {
 	case s.xds.opts.Server == "":
 		if a.rules, err = config.LoadWith(ctx, a.loadOps, s.config); err != nil {
-			a.compat.ConfigLoaded(false)
+			a.incumbent.ConfigLoaded(false)
 			return fmt.Errorf("rules: %w", err)
 		}
 		a.m.ConfigLoaded(true, a.rules.Hash, a.rules.LoadedAt)
-		a.compat.ConfigLoaded(true)
+		a.incumbent.ConfigLoaded(true)
 		a.log.Info("rules loaded", "files", len(a.rules.Files), "domains", len(a.rules.Domains()), "hash", a.rules.Hash)
 	case s.xds.beforeRules == "ok":
 		a.rules, err = config.LoadDocs(ctx, a.loadOps, nil)
@@ -224,7 +224,7 @@ func (a *app) newService(context.Context) error {
 	o := a.s.svc
 	// Each decision and request-level event is told once to each sink:
 	// ratelimitd's metrics and envoyproxy/ratelimit's stats.
-	o.Recorders = []record.Recorder{metrics.Recorder{M: a.m.Metrics}, compatstats.NewRecorder(a.compat)}
+	o.Recorders = []record.Recorder{metrics.Recorder{M: a.m.Metrics}, incumbentstats.NewRecorder(a.incumbent)}
 	o.Logger, o.Traced = a.log, a.traces != nil
 	a.svc = service.New(a.rules, a.store, cache, o)
 	return nil
@@ -279,7 +279,7 @@ func (a *app) startReloads(ctx context.Context) error {
 // did not load.
 func (a *app) apply(rules *config.Snapshot, err error) {
 	a.m.ConfigLoaded(err == nil, rules.GetHash(), time.Now())
-	a.compat.ConfigLoaded(err == nil)
+	a.incumbent.ConfigLoaded(err == nil)
 	if err != nil {
 		a.log.Error("rules reload failed; keeping the rules in force", "err", err, "hash", a.svc.Rules().GetHash())
 		return
@@ -303,7 +303,7 @@ func (a *app) reloadTLS(id *identity) {
 func (a *app) startAside(context.Context) error {
 	s := a.s
 	if s.stats.compatAddr != "" {
-		stop, err := serveCompat(s.stats.compatAddr, s.stats.compatPath, a.compat, a.log)
+		stop, err := serveIncumbentStats(s.stats.compatAddr, s.stats.compatPath, a.incumbent, a.log)
 		if err != nil {
 			return err
 		}

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/config"
-	"github.com/ratelimitd/ratelimitd/internal/compatstats"
-	"github.com/ratelimitd/ratelimitd/internal/envcompat"
+	"github.com/ratelimitd/ratelimitd/internal/incumbentenv"
+	"github.com/ratelimitd/ratelimitd/internal/incumbentstats"
 	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/rlqs"
@@ -78,7 +78,7 @@ type settings struct {
 // statsSettings are the flags of envoyproxy/ratelimit's stats under its
 // names: statsd and a Prometheus endpoint of their own.
 type statsSettings struct {
-	opts                           compatstats.Options // the statsd sink, tags, flush interval
+	opts                           incumbentstats.Options // the statsd sink, tags, flush interval
 	tags                           pairs
 	compatAddr, compatPath, mapper string
 }
@@ -205,7 +205,7 @@ func decisionFlags(fs *flag.FlagSet, s *settings) {
 	fs.Var(positive(&o.UsageTimeout, service.DefaultUsageTimeout), "usage-timeout", "the longest a budget check (a call stating 0 hits) counts as in flight while its usage charge has not come: the ceiling of the horizon learned from how long streams last (twice their duration); whole seconds, at least 1s")
 	fs.BoolVar(&o.DecisionMetadata, "decision-metadata", false, "explain each decision in the response's dynamic_metadata (rule and reason per descriptor, under \"decisions\")")
 	fs.BoolVar(&o.ResponseMetadata, "response-dynamic-metadata", false, "return envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA in the response's dynamic_metadata: the domain, each descriptor's entries (and hitsAddend, limit), the request's hitsAddend, and the metadata of the rules of the descriptors answered OK, merged; beside --decision-metadata's \"decisions\"")
-	fs.Var(positiveRatio(&o.NearLimitRatio, compatstats.DefaultNearLimitRatio), "near-limit-ratio", "share of a limit from which an OK decision counts as near_limit in metrics")
+	fs.Var(positiveRatio(&o.NearLimitRatio, incumbentstats.DefaultNearLimitRatio), "near-limit-ratio", "share of a limit from which an OK decision counts as near_limit in metrics")
 }
 
 func rlqsFlags(fs *flag.FlagSet, s *settings) {
@@ -233,7 +233,7 @@ func statsFlags(fs *flag.FlagSet, s *settings) {
 	fs.StringVar(&st.opts.StatsdProtocol, "statsd-protocol", "tcp", "tcp or udp, for --statsd-addr")
 	fs.BoolVar(&st.opts.DogStatsd, "dogstatsd", false, "send to --statsd-addr in DogStatsD form (UDP, tags as |#k:v) with DataDog's client")
 	fs.Var(&st.tags, "statsd-tags", "tags on every envoyproxy/ratelimit stat, k:v,k2:v2 (gostats' .__k=v in statsd names; labels on --compat-metrics-addr)")
-	fs.Var(positive(&st.opts.FlushInterval, compatstats.DefaultFlushInterval), "stats-flush-interval", "how often envoyproxy/ratelimit's stats are sent to --statsd-addr and --compat-metrics-addr")
+	fs.Var(positive(&st.opts.FlushInterval, incumbentstats.DefaultFlushInterval), "stats-flush-interval", "how often envoyproxy/ratelimit's stats are sent to --statsd-addr and --compat-metrics-addr")
 	fs.StringVar(&st.compatAddr, "compat-metrics-addr", "", "serve envoyproxy/ratelimit's stats as Prometheus metrics under its names (ratelimit_service_rate_limit_*) on this address; empty: off")
 	fs.StringVar(&st.compatPath, "compat-metrics-path", "/metrics", "path of --compat-metrics-addr")
 	fs.StringVar(&st.mapper, "compat-metrics-mapper", "", "statsd_exporter mapping file naming --compat-metrics-addr's metrics (default: envoyproxy/ratelimit's built-in mapping)")
@@ -359,7 +359,7 @@ func (s *settings) applyEnvCompat(fs *flag.FlagSet, compat string, getenv func(s
 	default:
 		return fmt.Errorf("--env-compat %q: want envoyproxy or none", compat)
 	}
-	res, err := envcompat.Envoyproxy(getenv)
+	res, err := incumbentenv.Envoyproxy(getenv)
 	if err != nil {
 		return fmt.Errorf("--env-compat=envoyproxy: %w", err)
 	}
@@ -411,8 +411,8 @@ var flagOf = map[string]string{
 	"rlqs.IdleAfter":   "--rlqs-idle-after",
 	"tracing.Protocol": "--tracing-protocol", "tracing.SamplingRate": "--tracing-sampling-rate",
 	"xds.MaxMessage": "--xds-max-message-size", "xds.BackoffInitial": "--xds-backoff-initial", "xds.BackoffMax": "--xds-backoff-max",
-	"compatstats.StatsdProtocol": "--statsd-protocol", "compatstats.DogStatsd": "--dogstatsd",
-	"compatstats.FlushInterval": "--stats-flush-interval", "compatstats.NearLimitRatio": "--near-limit-ratio",
+	"incumbentstats.StatsdProtocol": "--statsd-protocol", "incumbentstats.DogStatsd": "--dogstatsd",
+	"incumbentstats.FlushInterval": "--stats-flush-interval", "incumbentstats.NearLimitRatio": "--near-limit-ratio",
 }
 
 // compatFrom finds --env-compat before the flags are parsed: on the

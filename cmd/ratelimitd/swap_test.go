@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
-	"github.com/ratelimitd/ratelimitd/internal/xdstest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/xds/xdstest"
 )
 
 // TestImageSwap runs ratelimitd as Envoy Gateway runs envoyproxy/ratelimit:

@@ -22,7 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // otlpReceiver is an OTLP trace collector for tests, over gRPC or HTTP:

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/ratelimitd/ratelimitd/internal/options"
+	"github.com/ratelimitd/ratelimitd/internal/fielderr"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 )
 
@@ -15,7 +15,7 @@ func (s *settings) validate() error {
 	for _, check := range []func() error{s.validateSources, s.validateRedis, s.validateServe, s.validateStats,
 		s.svc.Validate, s.redis.Validate, s.lease.Validate, s.rlqs.Validate, s.tracing.Validate, s.xds.opts.Validate, s.stats.opts.Validate} {
 		if err := check(); err != nil {
-			return options.Rename(err, flagOf)
+			return fielderr.Rename(err, flagOf)
 		}
 	}
 	return nil

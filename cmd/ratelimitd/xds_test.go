@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
-	"github.com/ratelimitd/ratelimitd/internal/xdstest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/xds/xdstest"
 )
 
 // limitServed asks in for domain's k=v and returns the limit in force,

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // Tests on a scripted clock use minute windows: Redis still expires a

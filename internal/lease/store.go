@@ -8,8 +8,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/ratelimitd/ratelimitd/internal/fielderr"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/options"
 )
 
 // Store (docs/ARCHITECTURE.md, "Leased budgets") decides the checks
@@ -57,9 +57,9 @@ type Options struct {
 func (o Options) Validate() error {
 	switch {
 	case o.Interval < 0:
-		return options.Errorf("lease", "Interval", "%v: want positive", o.Interval)
+		return fielderr.Errorf("lease", "Interval", "%v: want positive", o.Interval)
 	case o.Interval > time.Minute:
-		return options.Errorf("lease", "Interval", "%v: want at most 1m", o.Interval)
+		return fielderr.Errorf("lease", "Interval", "%v: want at most 1m", o.Interval)
 	}
 	return nil
 }

@@ -3,7 +3,7 @@
 // request-level event once (an Event), to every Recorder the assembler
 // hands the service — ratelimitd's Prometheus metrics
 // (internal/metrics) and envoyproxy/ratelimit's stats
-// (internal/compatstats). The service builds its answer and reports;
+// (internal/incumbentstats). The service builds its answer and reports;
 // the sinks count, each in its own names.
 package record
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // TestCarryIncumbentCounts: with CarryIncumbent, a fixed-window counter

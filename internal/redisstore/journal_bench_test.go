@@ -15,7 +15,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // BenchmarkChargeFailover: streams check a shared budget and charge 1,000

@@ -13,7 +13,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // failoverStore is a store on a Sentinel's url with the charge journal

@@ -5,14 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/options/optionstest"
+	"github.com/ratelimitd/ratelimitd/internal/fielderr/fielderrtest"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 )
 
 // TestValidate: the zero Options are valid; each bad field is refused by
 // name.
 func TestValidate(t *testing.T) {
-	optionstest.Check(t, []optionstest.Refusal[redisstore.Options]{
+	fielderrtest.Check(t, []fielderrtest.Refusal[redisstore.Options]{
 		{Field: "Mode", Options: redisstore.Options{Mode: "ring"}},
 		{Field: "Timeout", Options: redisstore.Options{Timeout: -time.Second}},
 		{Field: "BreakerOpenAfter", Options: redisstore.Options{BreakerOpenAfter: -time.Second}},

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // TestScriptErrorStaysWithItsRequest: with min-replicas-to-write 1 and no

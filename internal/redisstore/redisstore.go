@@ -18,7 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/options"
+	"github.com/ratelimitd/ratelimitd/internal/fielderr"
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
@@ -117,15 +117,15 @@ type Options struct {
 func (o Options) Validate() error {
 	switch {
 	case o.Mode != "" && o.Mode != ModeSingle && o.Mode != ModeSentinel && o.Mode != ModeCluster:
-		return options.Errorf("redisstore", "Mode", "%q: want single, sentinel or cluster", o.Mode)
+		return fielderr.Errorf("redisstore", "Mode", "%q: want single, sentinel or cluster", o.Mode)
 	case o.Timeout < 0:
-		return options.Errorf("redisstore", "Timeout", "%v: want positive", o.Timeout)
+		return fielderr.Errorf("redisstore", "Timeout", "%v: want positive", o.Timeout)
 	case o.BreakerOpenAfter < 0:
-		return options.Errorf("redisstore", "BreakerOpenAfter", "%v: want positive", o.BreakerOpenAfter)
+		return fielderr.Errorf("redisstore", "BreakerOpenAfter", "%v: want positive", o.BreakerOpenAfter)
 	case o.JournalBytes < 0:
-		return options.Errorf("redisstore", "JournalBytes", "%d: want positive", o.JournalBytes)
+		return fielderr.Errorf("redisstore", "JournalBytes", "%d: want positive", o.JournalBytes)
 	case (o.ClientCert != nil || o.RootCAs != nil) && o.URL != "" && !strings.HasPrefix(o.URL, "rediss://"):
-		return options.Errorf("redisstore", "URL", "%s: TLS files need a rediss:// URL", Redact(o.URL))
+		return fielderr.Errorf("redisstore", "URL", "%s: TLS files need a rediss:// URL", Redact(o.URL))
 	}
 	return nil
 }

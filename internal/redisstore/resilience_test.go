@@ -19,7 +19,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 var hourCheck = []limit.Check{{Key: "k", Limit: 1000, WindowUS: 3600e6, Hits: 1}}

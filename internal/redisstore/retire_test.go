@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // TestNodeBatcherRetires: a Cluster master's batcher that gets no calls

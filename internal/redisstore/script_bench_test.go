@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // BenchmarkScript measures what Redis spends on the decide script alone:

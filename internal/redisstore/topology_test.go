@@ -20,7 +20,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // tlsFiles loads the test CA and client pair as the options' functions.

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // TestKeyTTLsCoverTheState checks how long each algorithm's key lives, on

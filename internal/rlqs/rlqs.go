@@ -20,7 +20,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/options"
+	"github.com/ratelimitd/ratelimitd/internal/fielderr"
+	"github.com/ratelimitd/ratelimitd/internal/plan"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -28,7 +29,6 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
-	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
 // ReportPeriod is how often Envoy reports each bucket: its filter ignores
@@ -52,10 +52,10 @@ const (
 // Planner matches a bucket's descriptor to its rule (service.Service).
 type Planner interface {
 	Rules() *config.Snapshot
-	PlanBucketIn(rules *config.Snapshot, domain string, ents []*rlcommon.RateLimitDescriptor_Entry) (service.BucketPlan, error)
+	PlanBucketIn(rules *config.Snapshot, domain string, ents []*rlcommon.RateLimitDescriptor_Entry) (plan.Bucket, error)
 	// Demand counts ShouldRateLimit's hits on the counters buckets
 	// draw on, for the RLS callers' share.
-	Demand() *service.Demand
+	Demand() *plan.Demand
 }
 
 // Granter takes and gives back grants (redisstore.Store, memstore.Store).
@@ -108,17 +108,17 @@ type Options struct {
 func (o Options) Validate() error {
 	switch {
 	case o.MaxStreams < 0:
-		return options.Errorf("rlqs", "MaxStreams", "%d: want at least 1", o.MaxStreams)
+		return fielderr.Errorf("rlqs", "MaxStreams", "%d: want at least 1", o.MaxStreams)
 	case o.MaxBuckets < 0:
-		return options.Errorf("rlqs", "MaxBuckets", "%d: want at least 1", o.MaxBuckets)
+		return fielderr.Errorf("rlqs", "MaxBuckets", "%d: want at least 1", o.MaxBuckets)
 	case o.MaxBucketIDBytes < 0:
-		return options.Errorf("rlqs", "MaxBucketIDBytes", "%d: want at least 1", o.MaxBucketIDBytes)
+		return fielderr.Errorf("rlqs", "MaxBucketIDBytes", "%d: want at least 1", o.MaxBucketIDBytes)
 	case o.Margin < 0 || o.Margin > time.Minute:
-		return options.Errorf("rlqs", "Margin", "%v: want more than 0, at most 1m", o.Margin)
+		return fielderr.Errorf("rlqs", "Margin", "%v: want more than 0, at most 1m", o.Margin)
 	case o.IdleAfter != 0 && o.IdleAfter < ReportPeriod:
-		return options.Errorf("rlqs", "IdleAfter", "%v: want at least %v (Envoy reports every 5 s)", o.IdleAfter, ReportPeriod)
+		return fielderr.Errorf("rlqs", "IdleAfter", "%v: want at least %v (Envoy reports every 5 s)", o.IdleAfter, ReportPeriod)
 	case o.FailureTTL < 0 || o.AllowTTL < 0:
-		return options.Errorf("rlqs", "FailureTTL", "%v, AllowTTL %v: want positive", o.FailureTTL, o.AllowTTL)
+		return fielderr.Errorf("rlqs", "FailureTTL", "%v, AllowTTL %v: want positive", o.FailureTTL, o.AllowTTL)
 	}
 	return nil
 }

@@ -14,7 +14,7 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 
 	"github.com/ratelimitd/ratelimitd/config"
-	"github.com/ratelimitd/ratelimitd/internal/service"
+	"github.com/ratelimitd/ratelimitd/internal/plan"
 )
 
 // Session is one stream's state: its domain and buckets. Its methods are
@@ -53,7 +53,7 @@ type bucket struct {
 	// needed marks it in the grants a report is collecting.
 	needed bool
 	id     *rlqsv3.BucketId
-	plan   service.BucketPlan
+	plan   plan.Bucket
 	// subscribed is the counter key the bucket is counted under in
 	// srv.counters ("" when none).
 	subscribed string
@@ -162,7 +162,7 @@ func (ss *Session) Report(ctx context.Context, now time.Time, msg *rlqsv3.RateLi
 			}
 			continue
 		}
-		if b.plan.Kind != service.BucketCounted {
+		if b.plan.Kind != plan.Counted {
 			out = append(out, ss.assign(b, allowAll(), ss.srv.opts.AllowTTL, sentAllow))
 			continue
 		}
@@ -283,20 +283,20 @@ func (ss *Session) replan(b *bucket, rules *config.Snapshot, keys []string) erro
 		}
 		ents = append(ents, &rlcommon.RateLimitDescriptor_Entry{Key: k, Value: v})
 	}
-	var p service.BucketPlan
+	var p plan.Bucket
 	if len(ents) > 0 {
 		var err error
 		if p, err = ss.srv.plan.PlanBucketIn(rules, ss.domain, ents); err != nil {
 			return err
 		}
 	}
-	if p == b.plan && (p.Kind != service.BucketCounted || b.subscribed != "") {
+	if p == b.plan && (p.Kind != plan.Counted || b.subscribed != "") {
 		return nil
 	}
 	s := ss.srv
 	s.mu.Lock()
 	s.unsubscribeLocked(b)
-	if p.Kind == service.BucketCounted {
+	if p.Kind == plan.Counted {
 		c := s.counters[p.Check.Key]
 		if c == nil {
 			d := s.plan.Demand()
@@ -327,7 +327,7 @@ func (ss *Session) Wake(ctx context.Context, now time.Time) *rlqsv3.RateLimitQuo
 			b.wake = time.Time{}
 		}
 		b.dry = time.Time{} // keep sets it again while it defers
-		if b.plan.Kind == service.BucketCounted && now.Sub(b.lastActive) < ss.srv.opts.IdleAfter && !ss.keep(b, now) {
+		if b.plan.Kind == plan.Counted && now.Sub(b.lastActive) < ss.srv.opts.IdleAfter && !ss.keep(b, now) {
 			need = append(need, b)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
+	"github.com/ratelimitd/ratelimitd/internal/plan"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -36,7 +37,7 @@ func TestRunsOutAcrossInstances(t *testing.T) {
 		want      bool
 	}{{350, true}, {900, false}} {
 		b := &bucket{
-			plan:       service.BucketPlan{Check: limit.Check{Key: "k", Limit: 1000, WindowUS: 60e6, Algorithm: limit.FixedWindow}},
+			plan:       plan.Bucket{Check: limit.Check{Key: "k", Limit: 1000, WindowUS: 60e6, Algorithm: limit.FixedWindow}},
 			subscribed: "k",
 			meter:      meter{rate: 5, since: now},
 			lastReport: now,

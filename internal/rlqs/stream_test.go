@@ -14,9 +14,9 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/rlqs"
-	"github.com/ratelimitd/ratelimitd/internal/rlqstest"
+	"github.com/ratelimitd/ratelimitd/internal/rlqs/rlqstest"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
-	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 

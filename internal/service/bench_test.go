@@ -13,7 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/ratelimitd/ratelimitd/internal/compatstats"
+	"github.com/ratelimitd/ratelimitd/internal/incumbentstats"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
 	"github.com/ratelimitd/ratelimitd/internal/record"
@@ -83,14 +83,14 @@ func BenchmarkIncumbentStats(b *testing.B) {
 	req := &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "d0", Value: "v"}}}}}
 	for _, on := range []bool{false, true} {
 		b.Run(fmt.Sprintf("stats=%v", on), func(b *testing.B) {
-			var compat *compatstats.Stats
+			var compat *incumbentstats.Stats
 			if on {
-				if compat, err = compatstats.New(context.Background(), compatstats.Options{StatsdAddr: pc.LocalAddr().String(), StatsdProtocol: "udp", Prometheus: true}); err != nil {
+				if compat, err = incumbentstats.New(context.Background(), incumbentstats.Options{StatsdAddr: pc.LocalAddr().String(), StatsdProtocol: "udp", Prometheus: true}); err != nil {
 					b.Fatal(err)
 				}
 				defer compat.Close()
 			}
-			s := service.New(snap, memstore.New(memstore.Options{}), nil, service.Options{Recorders: []record.Recorder{compatstats.NewRecorder(compat)}})
+			s := service.New(snap, memstore.New(memstore.Options{}), nil, service.Options{Recorders: []record.Recorder{incumbentstats.NewRecorder(compat)}})
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/config"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/plan"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -22,7 +23,7 @@ func TestPlanBucket(t *testing.T) {
 		s := service.New(rules(t), st, nil, service.Options{FailureMode: config.FailureDeny})
 		for _, kv := range [][]string{{"user", "u1"}, {"files", "a/1"}, {"parent", "p", "child", "c"}} {
 			p, err := s.PlanBucket("web", desc(kv...).Entries)
-			if err != nil || p.Kind != service.BucketCounted {
+			if err != nil || p.Kind != plan.Counted {
 				t.Fatalf("%v: plan %+v, %v", kv, p, err)
 			}
 			take := p.Check
@@ -44,13 +45,13 @@ func TestPlanBucket(t *testing.T) {
 		for _, tt := range []struct {
 			domain string
 			kv     []string
-			want   service.BucketKind
+			want   plan.Kind
 		}{
-			{"web", []string{"unl", "x"}, service.BucketUnlimited},
-			{"web", []string{"shadow", "x"}, service.BucketShadow},
-			{"web", []string{"whitelisted", "me"}, service.BucketNoRule},
-			{"web", []string{"nomatch", "x"}, service.BucketNoRule},
-			{"nodomain", []string{"user", "x"}, service.BucketNoRule},
+			{"web", []string{"unl", "x"}, plan.Unlimited},
+			{"web", []string{"shadow", "x"}, plan.Shadow},
+			{"web", []string{"whitelisted", "me"}, plan.NoRule},
+			{"web", []string{"nomatch", "x"}, plan.NoRule},
+			{"nodomain", []string{"user", "x"}, plan.NoRule},
 		} {
 			if p, _ := s.PlanBucket(tt.domain, desc(tt.kv...).Entries); p.Kind != tt.want {
 				t.Errorf("%s %v: kind %v, want %v", tt.domain, tt.kv, p.Kind, tt.want)
@@ -64,7 +65,7 @@ func TestPlanBucket(t *testing.T) {
 		}
 	})
 	shadow := service.New(rules(t), nil, nil, service.Options{ShadowMode: true})
-	if p, _ := shadow.PlanBucket("web", desc("user", "x").Entries); p.Kind != service.BucketShadow {
+	if p, _ := shadow.PlanBucket("web", desc("user", "x").Entries); p.Kind != plan.Shadow {
 		t.Errorf("--shadow-mode: kind %v, want shadow", p.Kind)
 	}
 	if _, err := service.New(nil, nil, nil, service.Options{}).PlanBucket("web", nil); err != service.ErrNoRules {

@@ -68,7 +68,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	s.plan(req, dom, items)
 
 	checks, states := s.buildChecks(req, items, sc)
-	s.demand.note(checks)
+	s.demand.Note(checks)
 	if len(checks) > 0 {
 		if err := s.evaluate(ctx, checks, states); err != nil {
 			// The caller went away: its hits may have been recorded.

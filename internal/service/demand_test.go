@@ -8,6 +8,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
+	"github.com/ratelimitd/ratelimitd/internal/plan"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -33,7 +34,7 @@ descriptors:
 	}
 	key := func(v string) string {
 		p, err := s.PlanBucket("web", ents(v))
-		if err != nil || p.Kind != service.BucketCounted {
+		if err != nil || p.Kind != plan.Counted {
 			t.Fatalf("plan of %s: %+v, %v", v, p, err)
 		}
 		return p.Check.Key

@@ -12,11 +12,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/options"
+	"github.com/ratelimitd/ratelimitd/internal/fielderr"
+	"github.com/ratelimitd/ratelimitd/internal/plan"
 	"github.com/ratelimitd/ratelimitd/internal/record"
 
 	"github.com/ratelimitd/ratelimitd/config"
-	"github.com/ratelimitd/ratelimitd/internal/compatstats"
+	"github.com/ratelimitd/ratelimitd/internal/incumbentstats"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/lograte"
 )
@@ -90,7 +91,7 @@ type Options struct {
 	DeadlineMargin time.Duration
 	// NearLimitRatio marks an OK decision near_limit in metrics when the
 	// counter reaches this share of its limit. Zero means
-	// compatstats.DefaultNearLimitRatio.
+	// incumbentstats.DefaultNearLimitRatio.
 	NearLimitRatio float64
 	// DecisionMetadata explains every decision in the response's
 	// dynamic_metadata: {"decisions": [{"rule": ..., "reason": ...}, ...]},
@@ -154,16 +155,16 @@ func (o Options) Validate() error {
 	for _, h := range []struct{ field, v string }{{"HeaderNames.Limit", o.HeaderNames.Limit},
 		{"HeaderNames.Remaining", o.HeaderNames.Remaining}, {"HeaderNames.Reset", o.HeaderNames.Reset}} {
 		if h.v != "" && !ValidHeaderName(h.v) {
-			return options.Errorf("service", h.field, "%q: not an HTTP header name", h.v)
+			return fielderr.Errorf("service", h.field, "%q: not an HTTP header name", h.v)
 		}
 	}
 	switch {
 	case o.NearLimitRatio < 0 || o.NearLimitRatio > 1:
-		return options.Errorf("service", "NearLimitRatio", "%v: want in (0, 1]", o.NearLimitRatio)
+		return fielderr.Errorf("service", "NearLimitRatio", "%v: want in (0, 1]", o.NearLimitRatio)
 	case o.UsageTimeout != 0 && (o.UsageTimeout < time.Second || o.UsageTimeout > 24*time.Hour || o.UsageTimeout%time.Second != 0):
-		return options.Errorf("service", "UsageTimeout", "%v: want whole seconds from 1s to 24h", o.UsageTimeout)
+		return fielderr.Errorf("service", "UsageTimeout", "%v: want whole seconds from 1s to 24h", o.UsageTimeout)
 	case o.DeadlineMargin < 0:
-		return options.Errorf("service", "DeadlineMargin", "%v: want positive", o.DeadlineMargin)
+		return fielderr.Errorf("service", "DeadlineMargin", "%v: want positive", o.DeadlineMargin)
 	}
 	return nil
 }
@@ -181,7 +182,7 @@ type Service struct {
 	// recorders are told each decision and event (recorder.go).
 	recorders []record.Recorder
 
-	demand      Demand
+	demand      plan.Demand
 	lastFailLog lograte.Limiter // of the fail-open log line
 	flightS     int64           // opts.UsageTimeout in seconds, as checks carry it
 }
@@ -216,7 +217,7 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	}
 	opts.HeaderNames = opts.HeaderNames.withDefaults()
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
-		opts.NearLimitRatio = compatstats.DefaultNearLimitRatio
+		opts.NearLimitRatio = incumbentstats.DefaultNearLimitRatio
 	}
 	s := &Service{store: store, cache: cache, opts: opts, log: opts.Logger, now: opts.Now, recorders: opts.Recorders}
 	if s.log == nil {
@@ -233,7 +234,7 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 }
 
 // Demand counts the hits asked for on the counters it watches.
-func (s *Service) Demand() *Demand { return &s.demand }
+func (s *Service) Demand() *plan.Demand { return &s.demand }
 
 // SetRules puts a new snapshot in force for the requests that start after
 // it returns, and empties the over-limit cache: a changed limit makes its

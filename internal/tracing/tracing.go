@@ -15,9 +15,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/options"
+	"github.com/ratelimitd/ratelimitd/internal/fielderr"
 
-	"github.com/ratelimitd/ratelimitd/internal/lograte"
 	"go.opentelemetry.io/contrib/propagators/b3"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -27,6 +26,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/ratelimitd/ratelimitd/internal/lograte"
 )
 
 // Defaults of [Options].
@@ -71,11 +72,11 @@ type Options struct {
 func (o Options) Validate() error {
 	switch {
 	case o.Protocol != "" && o.Protocol != "grpc" && o.Protocol != "http":
-		return options.Errorf("tracing", "Protocol", "%q: want grpc or http", o.Protocol)
+		return fielderr.Errorf("tracing", "Protocol", "%q: want grpc or http", o.Protocol)
 	case o.SamplingRate < 0 || o.SamplingRate > 1:
-		return options.Errorf("tracing", "SamplingRate", "%v: want from 0 to 1", o.SamplingRate)
+		return fielderr.Errorf("tracing", "SamplingRate", "%v: want from 0 to 1", o.SamplingRate)
 	case o.QueueSize < 0:
-		return options.Errorf("tracing", "QueueSize", "%d: want positive", o.QueueSize)
+		return fielderr.Errorf("tracing", "QueueSize", "%d: want positive", o.QueueSize)
 	}
 	return nil
 }

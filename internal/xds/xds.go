@@ -23,7 +23,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/options"
+	"github.com/ratelimitd/ratelimitd/internal/fielderr"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	sotw "github.com/envoyproxy/go-control-plane/pkg/client/sotw/v3"
@@ -96,11 +96,11 @@ type Options struct {
 func (o Options) Validate() error {
 	switch {
 	case o.MaxMessage != 0 && o.MaxMessage < 1024:
-		return options.Errorf("xds", "MaxMessage", "%d: want at least 1024", o.MaxMessage)
+		return fielderr.Errorf("xds", "MaxMessage", "%d: want at least 1024", o.MaxMessage)
 	case o.BackoffInitial < 0:
-		return options.Errorf("xds", "BackoffInitial", "%v: want positive", o.BackoffInitial)
+		return fielderr.Errorf("xds", "BackoffInitial", "%v: want positive", o.BackoffInitial)
 	case o.BackoffMax != 0 && o.BackoffMax < o.BackoffInitial:
-		return options.Errorf("xds", "BackoffMax", "%v: shorter than the initial backoff (%v)", o.BackoffMax, o.BackoffInitial)
+		return fielderr.Errorf("xds", "BackoffMax", "%v: shorter than the initial backoff (%v)", o.BackoffMax, o.BackoffInitial)
 	}
 	return nil
 }

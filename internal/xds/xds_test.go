@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/ratelimitd/ratelimitd/config"
-	"github.com/ratelimitd/ratelimitd/internal/xdstest"
+	"github.com/ratelimitd/ratelimitd/internal/xds/xdstest"
 )
 
 // loaded is what OnLoad received.

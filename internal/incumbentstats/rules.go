@@ -1,4 +1,4 @@
-package compatstats
+package incumbentstats
 
 import (
 	"math"

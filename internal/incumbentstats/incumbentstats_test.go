@@ -1,4 +1,4 @@
-package compatstats
+package incumbentstats
 
 import (
 	"context"
@@ -265,7 +265,7 @@ func TestStuckSink(t *testing.T) {
 // found, a decision counted and the request timed, with statsd and the
 // Prometheus sink on.
 //
-//	go test -run XXX -bench Count -benchmem ./internal/compatstats/
+//	go test -run XXX -bench Count -benchmem ./internal/incumbentstats/
 func BenchmarkCount(b *testing.B) {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {

@@ -1,11 +1,11 @@
-// Package optionstest checks a component's Options.Validate.
-package optionstest
+// Package fielderrtest checks a component's Options.Validate.
+package fielderrtest
 
 import (
 	"errors"
 	"testing"
 
-	"github.com/ratelimitd/ratelimitd/internal/options"
+	"github.com/ratelimitd/ratelimitd/internal/fielderr"
 )
 
 // Refusal is options Validate must refuse, naming Field.
@@ -23,7 +23,7 @@ func Check[O interface{ Validate() error }](t *testing.T, refusals []Refusal[O])
 		t.Errorf("zero options: %v", err)
 	}
 	for _, r := range refusals {
-		var fe *options.FieldError
+		var fe *fielderr.Error
 		if err := r.Options.Validate(); !errors.As(err, &fe) || fe.Field != r.Field {
 			t.Errorf("%+v: %v, want a refusal of %s", r.Options, err, r.Field)
 		}

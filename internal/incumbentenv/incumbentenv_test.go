@@ -1,4 +1,4 @@
-package envcompat
+package incumbentenv
 
 import (
 	"slices"

@@ -8,7 +8,7 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/ratelimitd/ratelimitd/internal/compatstats"
+	"github.com/ratelimitd/ratelimitd/internal/incumbentstats"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/overlimitcache"
 	"github.com/ratelimitd/ratelimitd/internal/record"
@@ -19,13 +19,13 @@ import (
 // the incumbent's over_limit and over_limit_with_local_cache, and the
 // global shadow mode's answers in global_shadow_mode.
 func TestLocalCacheStats(t *testing.T) {
-	compat, err := compatstats.New(context.Background(), compatstats.Options{Prometheus: true})
+	compat, err := incumbentstats.New(context.Background(), incumbentstats.Options{Prometheus: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer compat.Close()
 	snap := parseRules(t, "domain: web\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n")
-	s := service.New(snap, memstore.New(memstore.Options{}), overlimitcache.New(1<<20), service.Options{Recorders: []record.Recorder{compatstats.NewRecorder(compat)}, ShadowMode: true})
+	s := service.New(snap, memstore.New(memstore.Options{}), overlimitcache.New(1<<20), service.Options{Recorders: []record.Recorder{incumbentstats.NewRecorder(compat)}, ShadowMode: true})
 	req := &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}}
 	for range 5 { // 2 within; the 2nd exhausts it, so 3 from the cache
 		if _, err := s.ShouldRateLimit(context.Background(), req); err != nil {

@@ -1,4 +1,4 @@
-// Package compatstats counts what envoyproxy/ratelimit counts, under the
+// Package incumbentstats counts what envoyproxy/ratelimit counts, under the
 // names it uses, for the dashboards and alerts built on them: per rule
 // ratelimit.service.rate_limit.<key path>.{total_hits,over_limit,
 // near_limit,within_limit,over_limit_with_local_cache,shadow_mode}, and
@@ -10,7 +10,7 @@
 // on a counter found without allocating; names that carry request values
 // (detailed_metric, value_to_metric, request overrides, unknown domains)
 // are bounded per rule.
-package compatstats
+package incumbentstats
 
 import (
 	"context"
@@ -27,7 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/options"
+	"github.com/ratelimitd/ratelimitd/internal/fielderr"
 
 	gostats "github.com/lyft/gostats"
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,6 +36,7 @@ import (
 	"github.com/prometheus/statsd_exporter/pkg/exporter"
 	"github.com/prometheus/statsd_exporter/pkg/mapper"
 	"github.com/prometheus/statsd_exporter/pkg/registry"
+
 	"github.com/ratelimitd/ratelimitd/internal/lograte"
 )
 
@@ -108,13 +109,13 @@ type Options struct {
 func (o Options) Validate() error {
 	switch {
 	case o.StatsdProtocol != "" && o.StatsdProtocol != "tcp" && o.StatsdProtocol != "udp":
-		return options.Errorf("compatstats", "StatsdProtocol", "%q: want tcp or udp", o.StatsdProtocol)
+		return fielderr.Errorf("incumbentstats", "StatsdProtocol", "%q: want tcp or udp", o.StatsdProtocol)
 	case o.DogStatsd && o.StatsdAddr == "":
-		return options.Errorf("compatstats", "DogStatsd", "needs a statsd address")
+		return fielderr.Errorf("incumbentstats", "DogStatsd", "needs a statsd address")
 	case o.FlushInterval < 0:
-		return options.Errorf("compatstats", "FlushInterval", "%v: want positive", o.FlushInterval)
+		return fielderr.Errorf("incumbentstats", "FlushInterval", "%v: want positive", o.FlushInterval)
 	case o.NearLimitRatio < 0 || o.NearLimitRatio > 1:
-		return options.Errorf("compatstats", "NearLimitRatio", "%v: want in (0, 1]", o.NearLimitRatio)
+		return fielderr.Errorf("incumbentstats", "NearLimitRatio", "%v: want in (0, 1]", o.NearLimitRatio)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package service
+package plan
 
 import (
 	"sync"
@@ -40,9 +40,9 @@ func (d *Demand) Hits(key string) uint64 {
 	return 0
 }
 
-// note counts the checks' hits on watched keys (a request, 1 hit, for
+// Note counts the checks' hits on watched keys (a request, 1 hit, for
 // a check stating none).
-func (d *Demand) note(checks []limit.Check) {
+func (d *Demand) Note(checks []limit.Check) {
 	if d.watched.Load() == 0 {
 		return
 	}

@@ -1,9 +1,9 @@
-// Package envcompat maps another rate limiter's environment variables onto
+// Package incumbentenv maps another rate limiter's environment variables onto
 // ratelimitd's flags, so that its image can replace that limiter's with
 // the Deployment unchanged: a pure function from the environment to flag
 // assignments, which the command applies beneath its own variables and
 // flags.
-package envcompat
+package incumbentenv
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ratelimitd/ratelimitd/internal/compatstats"
+	"github.com/ratelimitd/ratelimitd/internal/incumbentstats"
 )
 
 // Assignment is a flag and the value a variable gives it.
@@ -31,7 +31,7 @@ type Result struct {
 	// with why.
 	Ignored []string
 	// Mogrifiers are the DogStatsD mogrifiers the variables define.
-	Mogrifiers []compatstats.Mogrifier
+	Mogrifiers []incumbentstats.Mogrifier
 }
 
 // Setting is one of envoyproxy/ratelimit's environment variables and
@@ -473,7 +473,7 @@ func (m *mapper) mogrifiers() error {
 		if err != nil {
 			return fmt.Errorf("%sTAGS: %w", prefix, err)
 		}
-		m.res.Mogrifiers = append(m.res.Mogrifiers, compatstats.Mogrifier{Pattern: re, Name: name, Tags: tags})
+		m.res.Mogrifiers = append(m.res.Mogrifiers, incumbentstats.Mogrifier{Pattern: re, Name: name, Tags: tags})
 	}
 	return nil
 }
