@@ -8,7 +8,8 @@ a guard that stops catching its bug is reported MISSED. Reported, not gating:
     scripts/planted-bugs.py 4 7      # by number
 
 Each entry: name, file, text, its planted replacement, package, test
-(text and replacement may be lists, for a bug of several changes).
+(text and replacement may be lists, for a bug of several changes; file
+too, one for each change, when they are in several files).
 Needs redis-server on the PATH (or RATELIMITD_REDIS_SERVER).
 """
 import os
@@ -23,14 +24,14 @@ env['GOFLAGS'] = ('-tags=vtprotobuf ' + env.get('GOFLAGS', '')).strip()
 env.setdefault('RATELIMITD_REDIS_SERVER', shutil.which('redis-server') or '')
 muts = [
     ("1 sliding TTL one window short","internal/redisstore/scripts/decide.lua","ttl[q] = px(we + w + GRACE)","ttl[q] = px(we + GRACE)","./internal/redisstore","TestKeyTTLsCoverTheState"),
-    ("2 token bucket TTL 1 s","internal/redisstore/scripts/decide.lua","ex = px(c + GRACE)","ex = '1000'","./internal/redisstore","TestKeyTTLsCoverTheState"),
+    ('2 token bucket TTL 1 s', 'internal/redisstore/scripts/decide_keys.lua', "format('%d', c), px(c + GRACE) end", "format('%d', c), '1000' end", './internal/redisstore', 'TestKeyTTLsCoverTheState'),
     ("3 cache blocks a whole window","internal/service/decide.go","now.Add(time.Duration(res[j].ResetUS)*time.Microsecond)","now.Add(time.Duration(ch.WindowUS)*time.Microsecond)","./internal/service","TestCacheBlocksUntilExactReset"),
-    ("4 no pcall","internal/redisstore/scripts/decide.lua","then ok, err = pcall(decide, k0, n) end","then decide(k0, n) end","./internal/redisstore","TestScriptErrorStaysWithItsRequest"),
+    ("4 no pcall","internal/redisstore/scripts/decide_keys.lua","then ok, err = pcall(decide, k0, n) end","then decide(k0, n) end","./internal/redisstore","TestScriptErrorStaysWithItsRequest"),
     ("5 cluster no refund of earlier slots","internal/limit/order.go","undo(ctx, checks, groups[:g], results, groups[g+1:])","undo(ctx, checks, nil, results, groups[g+1:])","./internal/redisstore","TestCluster$"),
     ("6 duplicate key-only accepted","config/parse.go","prev, kr.def = kr.def, r","kr.def = r","./config","TestBadConfigs"),
     ("7 gRPC health SERVING while draining","internal/server/server.go","\ts.health.Shutdown()\n","","./internal/server","TestShutdownDrains"),
     ("8 store called inside the margin","internal/service/decide.go","return nil, ErrNoTime","_ = ErrNoTime","./internal/service","TestNoStoreCallInsideTheMargin"),
-    ("9 refund below zero kept","internal/redisstore/scripts/decide.lua","        if c < 0 then c = 0 end\n","","./internal/redisstore","TestRefund$"),
+    ('9 refund below zero kept', 'internal/redisstore/scripts/decide_keys.lua', 'if refund then return math.max(c - h, 0) end', 'if refund then return c - h end', './internal/redisstore', 'TestRefund$'),
     ("11 parser without walk budget","config/limits.go","if p.walked > MaxWalkNodes {","if p.walked > MaxWalkNodes*1000 {","./config","TestBombsBounded"),
     ("12 no stream limit","cmd/ratelimitd/grpc.go","grpc.MaxConcurrentStreams(s.grpcMaxStreams),","","./cmd/ratelimitd","TestSlowReaderBounded"),
     ("13 secret in URL error","internal/redisstore/client.go",'return nil, nil, "", urlError("parse the URL", opts.URL, err)','return nil, nil, "", fmt.Errorf("redisstore: parse the URL: %w", err)',"./internal/redisstore","TestURLErrorsHideSecrets"),
@@ -153,9 +154,9 @@ muts = [
     ("131 simulated Envoy applies requests_per_time_unit","internal/rlqs/rlqstest/envoy.go","case *typev3.RateLimitStrategy_BlanketRule_, *typev3.RateLimitStrategy_TokenBucket:","case *typev3.RateLimitStrategy_BlanketRule_, *typev3.RateLimitStrategy_TokenBucket, *typev3.RateLimitStrategy_RequestsPerTimeUnit_:","./internal/rlqs/rlqstest","TestUnsupportedStrategy"),
     ("132 simulated Envoy ignores abandon","internal/rlqs/rlqstest/envoy.go","\t\t\tdelete(e.buckets, key)\n","\t\t\t_ = key\n","./internal/rlqs/rlqstest","TestAbandon"),
     ("133 simulated Envoy keeps a closed stream","internal/rlqs/rlqstest/envoy.go","\t\t\te.conn = nil\n\t\t\tcontinue","\t\t\tcontinue","./internal/rlqs","TestStreamLoss"),
-    ("135 script drops a refused usage charge","internal/redisstore/scripts/decide.lua","local consume = (admitted and not o or charge or pms > 0) and not refund","local consume = (admitted and not o or pms > 0) and not refund","./internal/service","TestUsageCharges"),
+    ("135 script drops a refused usage charge","internal/redisstore/scripts/decide_keys.lua","local consume = (admitted and not o or charge or pms > 0) and not refund","local consume = (admitted and not o or pms > 0) and not refund","./internal/service","TestUsageCharges"),
     ("136 limit.Decide drops a refused usage charge","internal/limit/limit.go","consume := admitted && !results[i].Over && !c.Refund || c.Charge()","consume := admitted && !results[i].Over && !c.Refund","./internal/limit","TestUsageCharged"),
-    ("137 script admits budget checks past the flights","internal/redisstore/scripts/decide.lua","  return c + n * bs[1] * (k + 3) / (k + 1) / 1024 >= l\n","  return false\n","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ("137 script admits budget checks past the flights","internal/redisstore/scripts/decide_budget.lua","  return c + n * bs[1] * (k + 3) / (k + 1) / 1024 >= l\n","  return false\n","./internal/redisstore","TestBudgetMatchesMemstore"),
     ("138 limit.Decide admits budget checks past the flights","internal/limit/budget.go","return float64(st.Count)+float64(n)*float64(st.Avg)*(k+3)/(k+1)/AvgScale >= float64(c.Limit)","return k < 0","./internal/limit","TestBudgetChecksInFlight"),
     ("139 local cache answers a usage charge","internal/service/decide.go","if ch.Refund || ch.NoVeto || ch.Charge() || ch.Hits == 0 && !ch.Usage {","if ch.Refund || ch.NoVeto || ch.Hits == 0 {","./internal/service","TestUsageCharges"),
     ("140 a later store's usage charge given back","internal/limit/order.go","if ch.Refund || ch.Hits == 0 || results[i].Over || ch.Usage {","if ch.Refund || ch.Hits == 0 || results[i].Over {","./internal/persecond","TestUsageAcrossStores"),
@@ -221,11 +222,11 @@ muts = [
     ("200 incumbentstats.Options.Validate takes any statsd protocol","internal/incumbentstats/incumbentstats.go","case o.StatsdProtocol != \"\" && o.StatsdProtocol != \"tcp\" && o.StatsdProtocol != \"udp\":","case false:","./internal/incumbentstats","TestValidate"),
     ("202 a call is reused although its deadline fired (its dispatcher may still answer it)","internal/redisstore/batch.go","\t\tif e.t.Stop() {\n\t\t\t// The deadline never fired, so the dispatcher answered, and\n\t\t\t// has let go of c; nothing holds either any more.\n\t\t\te.reuse()\n\t\t\tc.reuse()\n\t\t}","\t\tif e.t.Stop() {\n\t\t\te.reuse()\n\t\t}\n\t\tc.reuse()","./internal/redisstore","TestLateAnswerReachesNoOne"),
     ("203 a call answered twice (its deadline and its dispatcher both)","internal/redisstore/batch.go","\tif !c.finished.CompareAndSwap(false, true) {\n\t\treturn\n\t}\n","\tc.finished.Store(true)\n","./internal/redisstore","TestCallAnsweredOnce"),
-    ("204 the script's fast path reads what MGET read, not what the call wrote before","internal/redisstore/scripts/decide.lua","  local raw = written[key]\n  if raw == nil then raw = vals[k] end\n  local c = 0\n","  local raw = vals[k]\n  local c = 0\n","./internal/redisstore","TestBatchMatchesMemstore"),
-    ("205 the script's fast path refuses a request that reaches the limit exactly","internal/redisstore/scripts/decide.lua","  local o = c + h > l\n  -- Under the limit","  local o = c + h >= l\n  -- Under the limit","./internal/redisstore","TestBatchMatchesMemstore"),
-    ("206 the script's fast path takes sliding windows as fixed","internal/redisstore/scripts/decide.lua","  if alg[q] ~= FIXED_WINDOW then return false end\n  local key = KEYS[k]","  if alg[q] == TOKEN_BUCKET then return false end\n  local key = KEYS[k]","./internal/redisstore","TestBatchMatchesMemstore"),
-    ("207 the script's fast path leaves out its write's error","internal/redisstore/scripts/decide.lua","  if type(r) == 'table' and r.err then\n    out[m + 1], out[m + 2], out[m + 3] = -1, tostring(r.err), 0\n    return true\n  end\n","","./internal/redisstore","TestScriptErrorStaysWithItsRequest"),
-    ("208 the script reads per-request key counts that a call of one-key requests does not send","internal/redisstore/scripts/decide.lua","  local n = 1\n  if C > 0 then n = tonumber(ARGV[2 + r]) end\n","  local n = tonumber(ARGV[2 + r])\n","./internal/redisstore","TestMatchesMemstore|TestBatchMatchesMemstore"),
+    ("204 the script's fast path reads what MGET read, not what the call wrote before", 'internal/redisstore/scripts/decide_keys.lua', '  local raw, c = written[key], 0\n  if raw == nil then raw = vals[k] end\n', '  local raw, c = vals[k], 0\n', './internal/redisstore', 'TestBatchMatchesMemstore'),
+    ("205 the script's fast path refuses a request that reaches the limit exactly", 'internal/redisstore/scripts/decide_keys.lua', 'local l, o = lim[q], c + h > lim[q]', 'local l, o = lim[q], c + h >= lim[q]', './internal/redisstore', 'TestBatchMatchesMemstore'),
+    ("206 the script's fast path takes sliding windows as fixed","internal/redisstore/scripts/decide_keys.lua","  if alg[q] ~= FIXED_WINDOW then return false end\n  local key = KEYS[k]","  if alg[q] == TOKEN_BUCKET then return false end\n  local key = KEYS[k]","./internal/redisstore","TestBatchMatchesMemstore"),
+    ("207 the script's fast path leaves out its write's error","internal/redisstore/scripts/decide_keys.lua","  if type(r) == 'table' and r.err then\n    out[m + 1], out[m + 2], out[m + 3] = -1, tostring(r.err), 0\n    return true\n  end\n","","./internal/redisstore","TestScriptErrorStaysWithItsRequest"),
+    ("208 the script reads per-request key counts that a call of one-key requests does not send","internal/redisstore/scripts/decide_keys.lua","  local n = 1\n  if C > 0 then n = tonumber(ARGV[2 + r]) end\n","  local n = tonumber(ARGV[2 + r])\n","./internal/redisstore","TestMatchesMemstore|TestBatchMatchesMemstore"),
     ("209 one-key requests encoded as any others but with -R","internal/redisstore/script.go","\tif ones {\n\t\targs = append(args, s.nowArg(), -len(reqs))\n\t} else {","\tif ones {\n\t\targs = append(args, s.nowArg(), -len(reqs))\n\t\tfor range reqs {\n\t\t\targs = append(args, 1)\n\t\t}\n\t} else {","./internal/redisstore","TestMatchesMemstore|TestBatchMatchesMemstore"),
     ("210 the request codec answers a request its decoder leaves without handing it to protobuf","internal/server/codec.go","\treturn protobuf.Unmarshal(buf.ReadOnlyData(), m)\n","\t_ = protobuf.Unmarshal\n\treturn nil\n","./internal/server","TestCodecOverGRPC"),
     ("211 decodeRequest takes an entry's key for its value","internal/server/decode.go","\t\t\t\tif enum == entryKey {","\t\t\t\tif enum != entryKey {","./internal/server","TestDecodeRequestMatchesProtobuf"),
@@ -253,18 +254,18 @@ muts = [
     ("230 an enumerated flag's value after a space refused","cmd/ratelimitd/settings.go","\targs = joinEnumValues(fs, args)\n","","./cmd/ratelimitd","TestEnumFlagAfterSpace"),
     ("231 a budget's requests stating no hits read as charges","internal/service/plan.go","\t\tcase !it.stated || !end && it.hits == 1:\n","\t\tcase it.stated && !end && it.hits == 1:\n","./internal/service","TestQuotaPolicyShape"),
     ("232 the mean of a few charges taken as exact","internal/limit/budget.go","float64(st.Avg)*(k+3)/(k+1)/AvgScale","float64(st.Avg)*(k+1)/(k+1)/AvgScale","./internal/limit","TestBudgetChecksInFlight"),
-    ("233 the script ends the oldest flight, not the nearest","internal/redisstore/scripts/decide.lua","      if dur > 0 then\n        local target","      if false then\n        local target","./internal/redisstore","TestBudgetMatchesMemstore"),
-    ("234 the script takes a zero charge for a check","internal/redisstore/scripts/decide.lua","  if kind == ZERO_CHARGE then return 2 end","  if kind == ZERO_CHARGE then return 1 end","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ('233 the script ends the oldest flight, not the nearest', 'internal/redisstore/scripts/decide_budget.lua', '  if dur > 0 then\n    local target', '  if false then\n    local target', './internal/redisstore', 'TestBudgetMatchesMemstore'),
+    ("234 the script takes a zero charge for a check","internal/redisstore/scripts/decide_budget.lua","  if kind == ZERO_CHARGE then return 2 end","  if kind == ZERO_CHARGE then return 1 end","./internal/redisstore","TestBudgetMatchesMemstore"),
     ("235 a flight stretches its key past the window","internal/limit/report.go","\t\tif st.Count > 0 || len(st.Flights) > 0 {\n\t\t\texpireAt = st.End + GraceUS\n\t\t}","\t\tif st.Count > 0 || len(st.Flights) > 0 {\n\t\t\texpireAt = st.End + GraceUS\n\t\t}\n\t\tif n := len(st.Flights); n > 0 {\n\t\t\texpireAt = max(expireAt, (st.Flights[n-1].LastMS+c.FlightS*1000)*1000)\n\t\t}","./internal/limit","TestFlightsKeepTheWindowTTL"),
     ("236 the duration learned from a crowd of flights","internal/limit/budget.go","trusted := st.Charges < SampleCharges || n <= 2\n","trusted := st.Charges < SampleCharges || n <= 8\n","./internal/limit","TestDurationLearned"),
     ("237 a zero charge leaves the usage per check where it was","internal/limit/budget.go","\tst.Charges = min(st.Charges+1, AvgCharges)\n\th := hits * AvgScale","\tif hits == 0 {\n\t\treturn\n\t}\n\tst.Charges = min(st.Charges+1, AvgCharges)\n\th := hits * AvgScale","./internal/limit","TestZeroCharge"),
     ("238 the service's budget checks count themselves","internal/limit/budget.go","\tn := st.InFlight()\n\tif n == 0 {","\tn := st.InFlight() + 1\n\tif n == 0 {","./internal/service","TestLargeChargeNoSelfLock"),
     ("239 the service's fresh budget unbounded","internal/limit/budget.go","\tif st.Charges == 0 {\n\t\treturn float64","\tif false {\n\t\treturn float64","./internal/service","TestColdStartBounded"),
-    ("240 the script's usage per check a mean of every charge","internal/redisstore/scripts/decide.lua","ak = math.min(ak + 1, AVG_CHARGES)","ak = ak + 1","./internal/redisstore","TestBudgetUsageFollowsCharges"),
+    ("240 the script's usage per check a mean of every charge","internal/redisstore/scripts/decide_budget.lua","ak = math.min(ak + 1, AVG_CHARGES)","ak = ak + 1","./internal/redisstore","TestBudgetUsageFollowsCharges"),
     ("241 a budget check on a spent budget admitted","internal/limit/budget.go","if st.Count >= c.Limit || st.Count+hits > c.Limit {","if st.Count > c.Limit || st.Count+hits > c.Limit {","./internal/limit","TestColdStart"),
-    ("242 the script admits a budget check on a spent budget","internal/redisstore/scripts/decide.lua","if c >= l or c + h > l then return true end","if c > l or c + h > l then return true end","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ("242 the script admits a budget check on a spent budget","internal/redisstore/scripts/decide_budget.lua","if c >= l or c + h > l then return true end","if c > l or c + h > l then return true end","./internal/redisstore","TestBudgetMatchesMemstore"),
     ("243 flights expire by their bucket's first admission (early)","internal/limit/budget.go","st.Flights[k].LastMS+d < nowMS","st.Flights[k].FirstMS+d < nowMS","./internal/limit","TestUnchargedChecksReleased"),
-    ("244 the script expires flights by their bucket's first admission","internal/redisstore/scripts/decide.lua","if fl or f2 + d >= nowms then","if fl or tonumber(f1) + d >= nowms then","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ("244 the script expires flights by their bucket's first admission","internal/redisstore/scripts/decide_budget.lua","if fl or f2 + d >= nowms then","if fl or tonumber(f1) + d >= nowms then","./internal/redisstore","TestBudgetMatchesMemstore"),
     ("245 a token bucket's limit past 2^32 loads","config/parselimit.go","if hasRPU && l.Algorithm != AlgorithmFixedWindow && l.RequestsPerUnit > math.MaxUint32 {","if hasRPU && l.Algorithm == AlgorithmSlidingWindow && l.RequestsPerUnit > math.MaxUint32 {","./config","TestBadConfigs"),
     ("246 calendar with a unit_multiplier loads","config/config.go","(l.Unit == UnitMonth || l.Unit == UnitYear) && l.UnitMultiplier <= 1 &&","(l.Unit == UnitMonth || l.Unit == UnitYear) &&","./config","TestBadConfigs"),
     ("247 --rejected-hits takes a bad value","cmd/ratelimitd/settings.go","rh, err := config.ParseRejectedHits(v)\n\t\to.RejectedHits = rh\n\t\treturn err","rh, _ := config.ParseRejectedHits(v)\n\t\to.RejectedHits = rh\n\t\treturn nil","./cmd/ratelimitd","TestFlagBounds|TestDefaults"),
@@ -301,7 +302,7 @@ muts = [
     ("280 a flag registered but never documented","cmd/ratelimitd/settings.go","func rlqsFlags(fs *flag.FlagSet, s *settings) {\n","func rlqsFlags(fs *flag.FlagSet, s *settings) {\n\tfs.Bool(\"rlqs-undocumented\", false, \"\")\n","./cmd/ratelimitd","TestFlagTablesMatchFlags"),
     ("281 a replaced limit still counted","internal/service/plan.go","items[i].kind, items[i].replaced = noLimit, true","items[i].replaced = true","./internal/service ./cmd/ratelimitd","TestUnlimitedAndReplaces|TestExplain"),
     ("282 a Cluster redirection not followed","internal/redisstore/batch.go","\t\tcase err != nil && isRedirect(err):\n","\t\tcase false && isRedirect(err):\n","./internal/redisstore","TestClusterMoved"),
-    ("283 the script's flag of big hits moved on one side only","internal/redisstore/scripts/decide.lua","local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE, FLAG_BIG, FLAG_PAIR = 1, 2, 4, 8, 64","local FLAG_REFUND, FLAG_NO_VETO, FLAG_USAGE, FLAG_BIG, FLAG_PAIR = 1, 2, 4, 32, 64","./internal/redisstore","TestScriptContract"),
+    ("283 the script's flag of big hits moved on one side only", 'internal/redisstore/scripts/contract.lua', 'local FLAG_BIG = 8\n', 'local FLAG_BIG = 32\n', './internal/redisstore', 'TestScriptContractCurrent'),
     ("284 the incumbent's stats not told of a decision (the assembler hands the service the metrics alone)","cmd/ratelimitd/run.go","o.Recorders = []record.Recorder{metrics.Recorder{M: a.m.Metrics}, incumbentstats.NewRecorder(a.incumbent)}","o.Recorders = []record.Recorder{metrics.Recorder{M: a.m.Metrics}}","./cmd/ratelimitd","TestIncumbentStats"),
     ("285 a hit counted in the metrics without its decision","internal/metrics/recorder.go","\tr.M.Decision(d.Domain, d.Label, d.Outcome)\n","","./internal/service","TestMetrics$|TestHitsMetricClasses"),
     ("286 an open breaker slow to answer by policy","internal/redisstore/redisstore.go","\tif !ok {\n\t\ts.m.RedisCall(0, ClassBreakerOpen)\n","\tif !ok {\n\t\ttime.Sleep(60 * time.Millisecond)\n\t\ts.m.RedisCall(0, ClassBreakerOpen)\n","./cmd/ratelimitd","TestRedisPausedUnderLoad"),
@@ -314,39 +315,39 @@ muts = [
     ("291 the charge journal keeps charges no replica can confirm","internal/redisstore/journal.go","\tcase replicas == 0:\n\t\t// Nothing can confirm","\tcase replicas < 0:\n\t\t// Nothing can confirm","./internal/redisstore","TestChargeJournalNoReplica"),
     ("292 the charge journal's abandoned charges uncounted at Close","internal/redisstore/journal.go","\tj.s.m.ChargeJournal(JournalAbandoned, len(entries))\n","","./internal/redisstore","TestChargeJournalBound"),
     ("293 the recorders never told of the rules in force (the incumbent's stats count nothing)","internal/service/service.go","\ts.useRules(rules)\n\ts.rules.Store(rules)\n\treturn s","\ts.rules.Store(rules)\n\treturn s","./cmd/ratelimitd","TestIncumbentStats"),
-    ("294 grant.lua's ops swapped against Go's","internal/redisstore/scripts/grant.lua","local TAKE, GIVE_BACK = 1, 2","local TAKE, GIVE_BACK = 2, 1","./internal/redisstore","TestScriptContract"),
+    ("294 grant.lua's ops declared again, swapped against Go's", 'internal/redisstore/scripts/grant.lua', 'local match = string.match\n', 'local match = string.match\nlocal TAKE, GIVE_BACK = 2, 1\n', './internal/redisstore', 'TestScriptContractCurrent'),
     ("295 the shared split of a fixed window's value takes a value whose count is followed by anything","internal/redisstore/scripts/prelude.lua","if not we or (state ~= '' and string.sub(state, 1, 1) ~= '|') then return nil end","if not we then return nil end","./internal/redisstore","TestGrantTreatsForeignValueAsAbsent"),
     ("296 RLQS judges a counter's end by its own Envoys' demand alone","internal/rlqs/sizing.go","return used+rate*max(0, (d.windowLeft-ahead).Seconds()) >= 0.9*float64(c.Limit)","return false && used+rate*max(0, (d.windowLeft-ahead).Seconds()) >= 0.9*float64(c.Limit)","./internal/rlqs","TestFleetUseOverInstancesUnderDelays"),
     ("297 RLQS never woken when a kept grant is expected spent","internal/rlqs/session.go","if !window && (b.dry.IsZero() || b.dry.After(now)) {","if !window {","./internal/rlqs","TestHeldTokensNotRevoked|TestFleetUseOverInstancesUnderDelays"),
     ("298 a first wave's duration learned from its first 64 charges only","internal/limit/budget.go","return st.Charges < AvgCharges && st.Charges < n && n <= 4*st.Charges","return false && st.Charges < AvgCharges && st.Charges < n && n <= 4*st.Charges","./internal/limit","TestDurationLearnedInAFirstWave"),
-    ("299 the script stops a first wave's learning at its 64th charge","internal/redisstore/scripts/decide.lua","if trusted or (ak < AVG_CHARGES and ak < n and n <= 4 * ak) then","if trusted then","./internal/redisstore","TestBudgetFirstWaveMatchesMemstore"),
+    ("299 the script stops a first wave's learning at its 64th charge","internal/redisstore/scripts/decide_budget.lua","if trusted or (ak < AVG_CHARGES and ak < n and n <= 4 * ak) then","if trusted then","./internal/redisstore","TestBudgetFirstWaveMatchesMemstore"),
     ("300 a flood of uncharged checks taken for a first wave","internal/limit/budget.go","return st.Charges < AvgCharges && st.Charges < n && n <= 4*st.Charges","return st.Charges < AvgCharges && st.Charges < n","./internal/limit","TestDurationLearnedInAFirstWave"),
     ("301 a flood of uncharged checks carries the duration with its age","internal/limit/budget.go","age = min(age, st.DurMS+8*st.DurMS/int64(n))","age = min(age, st.DurMS+st.DurMS/8)","./internal/limit","TestFloodOnAYoungCounter"),
-    ("302 the script lets a flood carry the duration with its age","internal/redisstore/scripts/decide.lua","if not trusted then age = math.min(age, dur + idiv(8 * dur, n)) end","if not trusted then age = math.min(age, dur + idiv(dur, 8)) end","./internal/redisstore","TestBudgetFirstWaveMatchesMemstore"),
+    ("302 the script lets a flood carry the duration with its age","internal/redisstore/scripts/decide_budget.lua","if not trusted then age = math.min(age, dur + idiv(8 * dur, n)) end","if not trusted then age = math.min(age, dur + idiv(dur, 8)) end","./internal/redisstore","TestBudgetFirstWaveMatchesMemstore"),
     ("303 a Cluster master's idle batcher never retires","internal/redisstore/batch.go","\t\t\tif s.nodes.retire(b) {\n","\t\t\tif false && s.nodes.retire(b) {\n","./internal/redisstore","TestNodeBatcherRetires"),
     ("304 a retired batcher left in the registry","internal/redisstore/batch.go","\tif r.m[b.node] == b {\n\t\tdelete(r.m, b.node)\n\t}\n","","./internal/redisstore","TestNodeBatcherRetires"),
     ("305 a stated 1 on a counter never charged is a budget check","internal/limit/budget.go","\tcase CostCheck:\n\t\tif st.Charges > 0 {","\tcase CostCheck:\n\t\tif true {","./internal/limit","TestPlainUntilCharged"),
-    ("306 the script's stated 1 on a key never charged a budget check","internal/redisstore/scripts/decide.lua","  if kind == COST_CHECK then\n    if budget then return 1 end","  if kind == COST_CHECK then\n    if true then return 1 end","./internal/service","TestStatedOneIsARequest"),
+    ("306 the script's stated 1 on a key never charged a budget check","internal/redisstore/scripts/decide_budget.lua","  if kind == COST_CHECK then\n    if budget then return 1 end","  if kind == COST_CHECK then\n    if true then return 1 end","./internal/service","TestStatedOneIsARequest"),
     ("307 a peek on a counted counter held as a cold check","internal/limit/budget.go","st.Charges > 0 || st.Count == 0 && !st.Peek","st.Charges > 0 || !st.Peek","./internal/limit","TestPeeks"),
-    ("308 the script holds a peek on a counted key as a cold check","internal/redisstore/scripts/decide.lua","if budget or c == 0 and not (bs and bs[5]) then return 1 end","if budget or not (bs and bs[5]) then return 1 end","./internal/service","TestPeeks"),
+    ("308 the script holds a peek on a counted key as a cold check","internal/redisstore/scripts/decide_budget.lua","if budget or c == 0 and not (bs and bs[5]) then return 1 end","if budget or not (bs and bs[5]) then return 1 end","./internal/service","TestPeeks"),
     ("309 a cold start that ran out never marks a peek","internal/limit/budget.go","\t\t\tst.Peek = true\n","\t\t\tst.Peek = false\n","./internal/limit","TestPeeks"),
-    ("310 the script never marks a peek","internal/redisstore/scripts/decide.lua","    elseif k == 0 then\n      peek = true","    elseif k == 0 then\n      peek = false","./internal/service","TestPeeks"),
-    ("311 the script's peek mark not written","internal/redisstore/scripts/decide.lua","  if peek then parts[#parts + 1] = '/1' end\n","","./internal/service","TestPeeks"),
-    ("312 the script drops a key holding only its peek mark","internal/redisstore/scripts/decide.lua","if ak == 0 and not fl and not peek then","if ak == 0 and not fl then","./internal/service","TestPeeks"),
+    ("310 the script never marks a peek","internal/redisstore/scripts/decide_budget.lua","    elseif k == 0 then\n      peek = true","    elseif k == 0 then\n      peek = false","./internal/service","TestPeeks"),
+    ("311 the script's peek mark not written","internal/redisstore/scripts/decide_budget.lua","  if peek then parts[#parts + 1] = '/1' end\n","","./internal/service","TestPeeks"),
+    ("312 the script drops a key holding only its peek mark","internal/redisstore/scripts/decide_budget.lua","if ak == 0 and not fl and not peek then","if ak == 0 and not fl then","./internal/service","TestPeeks"),
     ("313 the peek mark kept but not its key","internal/limit/report.go","if st.Charges > 0 || st.Peek {","if st.Charges > 0 {","./internal/limit","TestPeeks"),
     ("314 --budgets off reads 0s as checks","internal/service/plan.go","\t\tcase s.opts.NoBudgets:\n\t\t\tit.usage = false","\t\tcase false:\n\t\t\tit.usage = false","./internal/service","TestBudgetsOff"),
     ("315 a plain charge teaches","internal/limit/budget.go","\tcase PlainCharge:\n\t\treturn budgetNone\n","","./internal/limit","TestPlainCharge"),
-    ("321 the script's plain charge teaches","internal/redisstore/scripts/decide.lua","  if kind == PLAIN_CHARGE then return 0 end\n","","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ("321 the script's plain charge teaches","internal/redisstore/scripts/decide_budget.lua","  if kind == PLAIN_CHARGE then return 0 end\n","","./internal/redisstore","TestBudgetMatchesMemstore"),
     ("316 a stated 1 read as a charge","internal/service/plan.go","\t\tcase !it.stated || !end && it.hits == 1:\n","\t\tcase !it.stated:\n","./internal/service","TestMixedShapes"),
     ("317 a plain charge not recorded when over","internal/limit/limit.go","(c.Kind == ByHits || c.Kind == PlainCharge) && c.Hits > 0","c.Kind == ByHits && c.Hits > 0","./internal/service","TestBudgetsOff"),
-    ("318 the script's plain charge not recorded when over","internal/redisstore/scripts/decide.lua","(kind == BY_HITS or kind == PLAIN_CHARGE) and h > 0","kind == BY_HITS and h > 0","./internal/service","TestBudgetsOff"),
+    ("318 the script's plain charge not recorded when over","internal/redisstore/scripts/decide_keys.lua","(kind == BY_HITS or kind == PLAIN_CHARGE) and h > 0","kind == BY_HITS and h > 0","./internal/service","TestBudgetsOff"),
     ("319 the peek mark never serves the next window","internal/limit/limit.go","avg, k, dur, peek := st.Avg, st.Charges, st.DurMS, st.Peek","avg, k, dur, peek := st.Avg, st.Charges, st.DurMS, false","./internal/limit","TestPeeks"),
     ("322 a paired stream end taken for a check","internal/limit/budget.go","\tif paired(c, st) {\n\t\treturn budgetCharge\n\t}\n","","./internal/service","TestPairedStreamEnds"),
-    ("323 the script takes a paired stream end for a check","internal/redisstore/scripts/decide.lua","  if pms > 0 then return 2 end\n","","./internal/service","TestPairedStreamEnds"),
+    ("323 the script takes a paired stream end for a check","internal/redisstore/scripts/decide_budget.lua","  if pms > 0 then return 2 end\n","","./internal/service","TestPairedStreamEnds"),
     ("324 a paired charge ends another check's flight","internal/limit/budget.go","\t\tif st.PairFlew {\n\t\t\tst.Flights = endAt(st.Flights, st.PairMS)","\t\tif st.PairFlew {\n\t\t\tst.Flights = endAt(st.Flights, st.PairMS+1000)","./internal/service","TestPairedStreamEnds"),
     ("325 the request id part of the counter","internal/service/plan.go","\tif it.rule != nil && it.rule.RequestID {\n\t\treturn ents[:len(ents)-1]","\tif false {\n\t\treturn ents[:len(ents)-1]","./internal/service","TestPairedStreamEnds"),
-    ("326 the script's pair never kept","internal/redisstore/scripts/decide.lua","  writekey(pidx[k], v, ex, pr[3])\n","  if v == nil then writekey(pidx[k], v, ex, pr[3]) end\n","./internal/redisstore","TestBudgetMatchesMemstore"),
-    ("327 the script's pair kept past the usage timeout","internal/redisstore/scripts/decide.lua","tonumber(sm) * 1000 + fsec[q] * 1000000 >= now then","tonumber(sm) > 0 then","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ("326 the script's pair never kept","internal/redisstore/scripts/decide_keys.lua","  writekey(pidx[k], v, ex, pr[3])\n","  if v == nil then writekey(pidx[k], v, ex, pr[3]) end\n","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ("327 the script's pair kept past the usage timeout","internal/redisstore/scripts/decide_keys.lua","tonumber(sm) * 1000 + fsec[q] * 1000000 >= now then","tonumber(sm) > 0 then","./internal/redisstore","TestBudgetMatchesMemstore"),
     ("328 no warning for a request id level without request_id","config/config.go","!r.RequestID && looksLikeRequestID(r.Key)","!r.RequestID && false","./config","TestRequestIDLevels"),
     ("329 a paired counter keeps flights twice its longest stream","internal/limit/budget.go","if c.PairID != \"\" && st.Charges >= AvgCharges {","if false {","./internal/limit","TestPairedHorizon"),
     ("330 a negative unit_multiplier or burst wrapped, not refused","config/scalars.go","if err != nil || v < 0 || v > math.MaxUint32 {","if err != nil || v > math.MaxUint32 {","./config","TestBadConfigs"),
@@ -356,14 +357,14 @@ muts = [
     ("334 a counter asked about the incumbent's count once ever","internal/redisstore/carry.go","\treturn sd.end[key] != end\n","\t_, ok := sd.end[key]\n\treturn !ok\n","./internal/redisstore","TestCarryEachWindow"),
     ("335 seed.lua carries a budget's state from any past window","internal/redisstore/scripts/seed.lua","if rest and rest ~= '' and we == e - w then","if rest and rest ~= '' then","./internal/redisstore","TestCarryEachWindow"),
     ("336 the first charge leaves the plain first wave out of flight","internal/limit/budget.go","\t} else if st.Charges == 0 && st.Count > hits+1 {","\t} else if false {","./internal/service","TestQuotaFirstWave"),
-    ("337 the script's first charge leaves the first wave out of flight","internal/redisstore/scripts/decide.lua","    elseif ak == 0 and c > h + 1 then\n","    elseif false then\n","./internal/service","TestQuotaFirstWave"),
+    ("337 the script's first charge leaves the first wave out of flight", 'internal/redisstore/scripts/decide_budget.lua', '  elseif ak == 0 and c > h + 1 then\n', '  elseif false then\n', './internal/service', 'TestQuotaFirstWave'),
     ("338 a call past its deadline still sent after a stall","internal/redisstore/batch.go","\t\terr := c.ctx.Err()\n\t\tif err == nil && !c.deadline.After(now) {\n\t\t\terr = context.DeadlineExceeded\n\t\t}\n","\t\tvar err error\n","./internal/redisstore","TestExpiredCallNotSent"),
     ("339 a charge whose window ended re-applied after a failover","internal/redisstore/journal.go","\t\tif !time.Now().Before(redo[i].end) {\n\t\t\toutcome[i] = JournalExpired","\t\tif false {\n\t\t\toutcome[i] = JournalExpired","./internal/redisstore","TestChargeJournalFailover"),
     ("340 a confirmed charge's room never given back","internal/redisstore/journal.go","\t\tj.bytes -= j.entries[k].size\n\t\tk++","\t\tk++","./internal/redisstore","TestChargeJournalFreesConfirmed"),
     ("341 an RLQS failure answers for FailureTTL whatever its length","internal/rlqs/rlqs.go","\treturn min(d.Truncate(time.Second)+time.Second, s.opts.FailureTTL)\n","\t_ = d\n\treturn s.opts.FailureTTL\n","./internal/rlqs","TestFailureMode"),
     ("343 RLQS grants failing forever once they failed","internal/rlqs/sizing.go","\ts.failingSince.Store(0)\n","","./internal/rlqs","TestFailureMode"),
-    ("344 the script's stated 1 a budget check, against the incumbent's suite","internal/redisstore/scripts/decide.lua","  if kind == COST_CHECK then\n    if budget then return 1 end","  if kind == COST_CHECK then\n    if true then return 1 end","./cmd/ratelimitd","TestIncumbentSuitePatterns"),
-    ("345 the script's stated 1 a budget check (fast path too), across two instances","internal/redisstore/scripts/decide.lua",["  if kind == COST_CHECK then\n    if budget then return 1 end","  if fl ~= 0 and fl ~= COST_FLAGS then return false end"],["  if kind == COST_CHECK then\n    if true then return 1 end","  if fl ~= 0 then return false end"],"./cmd/ratelimitd","TestStatedOneAcrossInstances"),
+    ("344 the script's stated 1 a budget check, against the incumbent's suite","internal/redisstore/scripts/decide_budget.lua","  if kind == COST_CHECK then\n    if budget then return 1 end","  if kind == COST_CHECK then\n    if true then return 1 end","./cmd/ratelimitd","TestIncumbentSuitePatterns"),
+    ("345 the script's stated 1 a budget check (fast path too), across two instances",["internal/redisstore/scripts/decide_budget.lua","internal/redisstore/scripts/decide_keys.lua"],["  if kind == COST_CHECK then\n    if budget then return 1 end","  if fl ~= 0 and fl ~= COST_FLAGS then return false end"],["  if kind == COST_CHECK then\n    if true then return 1 end","  if fl ~= 0 then return false end"],"./cmd/ratelimitd","TestStatedOneAcrossInstances"),
     ("346 a cost-0 stream end in flight holds the next flows","internal/limit/budget.go",["\tcase CostCheck:\n\t\tif st.Charges > 0 {","st.Charges > 0 || st.Count == 0 && !st.Peek"],["\tcase CostCheck:\n\t\tif st.Charges > 0 || len(st.Flights) > 0 {","st.Charges > 0 || !st.Peek"],"./internal/service","TestQuotaFlowsOfCostZero"),
     ("347 a weighted call crossing the limit not recorded","internal/limit/limit.go","(c.Kind == ByHits || c.Kind == PlainCharge) && c.Hits > 0","c.Kind == PlainCharge && c.Hits > 0","./internal/service","TestWeightedClient"),
     ("348 the cross-instance runs-out estimate reads the remainder as use","internal/rlqs/sizing.go","\tused := float64(c.Limit - min(c.Limit, d.remaining))\n","\tused := float64(d.remaining)\n","./internal/rlqs","TestRunsOutAcrossInstances"),
@@ -389,17 +390,20 @@ missed = 0
 for name, f, old, new, pkg, test in muts:
     if only and name.split()[0] not in only:
         continue
-    src = open(f).read()
-    # A bug of several changes (an import beside the code) gives lists.
+    # A bug of several changes (an import beside the code) gives lists,
+    # and a list of files when its changes are in several.
     olds, news = (old, new) if isinstance(old, list) else ([old], [new])
-    if any(o not in src for o in olds):
+    files = f if isinstance(f, list) else [f] * len(olds)
+    srcs = {x: open(x).read() for x in files}
+    if any(o not in srcs[x] for x, o in zip(files, olds)):
         print(f"STALE: {name}: {f} no longer holds the text to change; update this list", flush=True)
         missed += 1
         continue
-    planted = src
-    for o, n in zip(olds, news):
-        planted = planted.replace(o, n, 1)
-    open(f, 'w').write(planted)
+    planted = dict(srcs)
+    for x, o, n in zip(files, olds, news):
+        planted[x] = planted[x].replace(o, n, 1)
+    for x in planted:
+        open(x, 'w').write(planted[x])
     try:
         try:
             r = subprocess.run(['go', 'test', '-count=1', '-timeout=120s', '-run', test, *pkg.split()], capture_output=True, text=True, env=env, timeout=300)
@@ -411,5 +415,6 @@ for name, f, old, new, pkg, test in muts:
         lines = [l.strip() for l in out.splitlines() if ('_test.go' in l and ':' in l) or 'build failed' in l]
         print(f"{status}: {name} by {test}: {lines[0][:200] if lines else out[-300:]}", flush=True)
     finally:
-        open(f, 'w').write(src)
+        for x in srcs:
+            open(x, 'w').write(srcs[x])
 sys.exit(1 if missed else 0)

@@ -40,9 +40,9 @@ const (
 	// charge tells the usage per check: until then each counts as a
 	// quarter of the limit.
 	ColdInFlight = 4
-	// flightBuckets is how many buckets the flights are kept in, about:
+	// FlightBuckets is how many buckets the flights are kept in, about:
 	// a bucket takes admissions for a sixteenth of the horizon.
-	flightBuckets = 16
+	FlightBuckets = 16
 )
 
 // FlightMS returns how long a budget check admitted now stays in flight
@@ -202,7 +202,7 @@ func expireFlights(c *Check, st *State, now int64) {
 // while it is younger than a sixteenth of the horizon, else a new one.
 func fly(c *Check, st *State, now int64) {
 	nowMS := now / 1000
-	g := max(FlightMS(c, st)/flightBuckets, 1)
+	g := max(FlightMS(c, st)/FlightBuckets, 1)
 	n := len(st.Flights)
 	fl := make([]Flight, n, n+1)
 	copy(fl, st.Flights)

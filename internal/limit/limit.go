@@ -290,9 +290,9 @@ const MaxCount = 1 << 52
 // 2^53; sliding limits are at most MaxSmallLimit.
 const MaxSlidingCount = 1 << 33
 
-// maxDebtUS bounds how far usage charges push a token bucket's arrival
+// MaxDebtUS bounds how far usage charges push a token bucket's arrival
 // time past now (about 35 years): beyond, the bucket is empty for good.
-const maxDebtUS = 1 << 50
+const MaxDebtUS = 1 << 50
 
 // WindowEnd returns the end of the fixed window holding nowUS.
 func WindowEnd(nowUS, windowUS int64) int64 {
@@ -426,8 +426,8 @@ func apply(c *Check, st *State, now int64, consume bool) {
 			}
 		case consume:
 			// A usage charge past the bucket is debt, bounded.
-			if hits > uint64((now+maxDebtUS-st.TAT)/t) {
-				st.TAT = max(st.TAT, now+maxDebtUS)
+			if hits > uint64((now+MaxDebtUS-st.TAT)/t) {
+				st.TAT = max(st.TAT, now+MaxDebtUS)
 			} else {
 				st.TAT += int64(hits) * t
 			}

@@ -10,7 +10,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
-// grant.lua's ops, named there too (TestScriptContract).
+// grant.lua's ops (TAKE, GIVE_BACK in scripts/contract.lua).
 const grantTake, grantGiveBack = 1, 2
 
 // GrantOp and GrantResult are limit's: memstore grants too.

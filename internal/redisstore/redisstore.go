@@ -179,7 +179,7 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	scripts, err := loadScripts("decide.lua", "grant.lua", "seed.lua")
+	scripts, err := loadScripts(decideParts, []string{"grant.lua"}, []string{"seed.lua"})
 	if err != nil {
 		return nil, err
 	}

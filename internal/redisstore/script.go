@@ -21,20 +21,33 @@ import (
 //go:embed scripts/*.lua
 var scriptFS embed.FS
 
-// loadScripts returns the scripts named, each with scripts/prelude.lua
-// (now, GRACE and the helpers they share) in front of it.
-func loadScripts(names ...string) ([]*redis.Script, error) {
-	prelude, err := scriptFS.ReadFile("scripts/prelude.lua")
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: %w", err)
-	}
-	out := make([]*redis.Script, len(names))
-	for i, name := range names {
-		src, err := scriptFS.ReadFile("scripts/" + name)
+// decideParts are the files of the decide script, in order: the call's
+// arguments and rules, a budget's state, the keys' decisions.
+var decideParts = []string{"decide.lua", "decide_budget.lua", "decide_keys.lua"}
+
+// loadScripts returns the scripts, each the concatenation of its parts
+// (files of scripts/) with scripts/contract.lua (the numbers shared with
+// Go) and scripts/prelude.lua (now and the helpers they share) in front.
+func loadScripts(scripts ...[]string) ([]*redis.Script, error) {
+	var prelude []byte
+	for _, f := range []string{"scripts/contract.lua", "scripts/prelude.lua"} {
+		b, err := scriptFS.ReadFile(f)
 		if err != nil {
 			return nil, fmt.Errorf("redisstore: %w", err)
 		}
-		out[i] = redis.NewScript(string(prelude) + string(src))
+		prelude = append(prelude, b...)
+	}
+	out := make([]*redis.Script, len(scripts))
+	for i, parts := range scripts {
+		src := slices.Clone(prelude)
+		for _, name := range parts {
+			b, err := scriptFS.ReadFile("scripts/" + name)
+			if err != nil {
+				return nil, fmt.Errorf("redisstore: %w", err)
+			}
+			src = append(src, b...)
+		}
+		out[i] = redis.NewScript(string(src))
 	}
 	return out, nil
 }
@@ -173,8 +186,8 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 // bigHits are hits too large to pack with a key's rule and flags.
 const bigHits = 1 << 32
 
-// The script's contract (decide.lua's header; TestScriptContract holds
-// each to the script's constant of the same meaning). A key's argument is
+// The script's contract (contract.go renders each into
+// scripts/contract.lua, which every script is sent with). A key's argument is
 // hits<<hitsShift + rule*ruleUnit + flags, the usage kind in the flags as
 // kind*kindUnit; a rule's third argument is algorithm +
 // calendar*calendarUnit + FlightS*flightUnit.

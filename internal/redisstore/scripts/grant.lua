@@ -17,13 +17,10 @@
 -- the window ends (for a bucket: until one more hit is allowed), and the
 -- window's end in us on this clock (0 for a bucket), which a give-back
 -- of those hits names.
--- now, GRACE, floor, format, idiv, px and fixedvalue: scripts/prelude.lua, sent in
--- front of this script.
+-- The ops (TAKE, GIVE_BACK), the algorithms and GRACE:
+-- scripts/contract.lua; now, floor, format, idiv, px and fixedvalue:
+-- scripts/prelude.lua. Both are sent in front of this script.
 local match = string.match
--- The ops (redisstore's grantTake, grantGiveBack) and the algorithms
--- (limit.Algorithm); TestScriptContract holds them to Go's.
-local TAKE, GIVE_BACK = 1, 2
-local SLIDING_WINDOW, TOKEN_BUCKET = 1, 2
 
 local out = {}
 for i = 1, #KEYS do

@@ -1,5 +1,6 @@
 -- prelude.lua: what every script of this package shares; redisstore sends
--- it in front of each (a script cannot include another).
+-- it in front of each, after contract.lua (a script cannot include
+-- another).
 -- ARGV[1]  "0": now from Redis TIME (what production always sends);
 --          otherwise now in integer microseconds (tests only)
 local now
@@ -9,9 +10,6 @@ if ARGV[1] == '0' then
 else
   now = tonumber(ARGV[1])
 end
--- GRACE mirrors limit.GraceUS: how long a key outlives the moment its
--- state stops mattering (the state, never the TTL, decides).
-local GRACE = 1000000
 local floor, format = math.floor, string.format
 -- Exact floor division of non-negative integers below 2^53: a double
 -- quotient can round up across an integer.
