@@ -328,6 +328,8 @@ func (p *parser) descriptors(n *yaml.Node, path string, d *Domain, parent *Rule)
 	return lv
 }
 
+// rule parses one descriptor rule of domain d under parent (nil at the
+// top) and its children; nil when it cannot be kept.
 func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule {
 	f := p.fields(n, path, DescriptorFields...)
 	if f == nil {
@@ -337,6 +339,35 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 	if parent != nil {
 		r.depth = parent.depth + 1
 	}
+	if !p.ruleKey(n, f, path, r) || !p.rulePath(d, parent, r) {
+		return nil
+	}
+	p.ruleFlags(f, path, r)
+	if v, ok := f["failure_mode"]; ok {
+		if s, ok := p.str(v, path+".failure_mode"); ok {
+			fm, err := ParseFailureMode(s)
+			if err != nil {
+				p.errorf(v, path+".failure_mode", "%v", err)
+			}
+			r.FailureMode = fm
+		}
+	}
+	if v, ok := f["metadata"]; ok {
+		r.Metadata = p.ruleMetadata(v, path+".metadata")
+	}
+	// rate_limit: null is no limit, as a RateLimitConfig without a
+	// policy means (generators write it out).
+	if v, ok := f["rate_limit"]; ok && !(v.Kind == yaml.ScalarNode && v.Tag == "!!null") {
+		r.Limit = p.rateLimit(v, path+".rate_limit")
+	}
+	d.rules = append(d.rules, r)
+	r.children = p.descriptors(f["descriptors"], path+".descriptors", d, r)
+	return r
+}
+
+// ruleKey reads r's key and value (and its wildcard); false for one too
+// long to keep.
+func (p *parser) ruleKey(n *yaml.Node, f map[string]*yaml.Node, path string, r *Rule) bool {
 	if v, ok := f["key"]; ok {
 		r.Key, _ = p.str(v, path+".key")
 	}
@@ -349,12 +380,18 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 	for _, kv := range [...]struct{ name, s string }{{"key", r.Key}, {"value", r.Value}} {
 		if len(kv.s) > MaxValueBytes {
 			p.errorf(f[kv.name], path+"."+kv.name, "%d bytes, more than the %d allowed", len(kv.s), MaxValueBytes)
-			return nil
+			return false
 		}
 	}
 	if strings.Contains(r.Value, "*") {
 		r.wildcard = strings.Split(r.Value, "*")
 	}
+	return true
+}
+
+// rulePath names r by its domain's and ancestors' segments; false once
+// the paths add up past their bound (the parse stops).
+func (p *parser) rulePath(d *Domain, parent *Rule, r *Rule) bool {
 	seg := PathSegment(r.Key, r.Value)
 	if parent != nil {
 		r.Path = parent.Path + "." + seg
@@ -363,8 +400,14 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 	}
 	if p.pathBytes += len(r.Path); p.pathBytes > MaxPathBytes {
 		p.stop(fmt.Sprintf("descriptor paths add up to more than %d bytes (long keys nested deep, or aliases)", MaxPathBytes))
-		return nil
+		return false
 	}
+	return true
+}
+
+// ruleFlags reads r's booleans, and refuses those its key and value
+// cannot carry.
+func (p *parser) ruleFlags(f map[string]*yaml.Node, path string, r *Rule) {
 	r.ShadowMode = p.boolean(f["shadow_mode"], path+".shadow_mode")
 	r.QuotaMode = p.boolean(f["quota_mode"], path+".quota_mode")
 	r.DetailedMetric = p.boolean(f["detailed_metric"], path+".detailed_metric")
@@ -377,34 +420,23 @@ func (p *parser) rule(n *yaml.Node, path string, d *Domain, parent *Rule) *Rule 
 	if r.RequestID && (r.Value != "" || f["rate_limit"] == nil) {
 		p.errorf(f["request_id"], path+".request_id", "request_id needs a key-only level that holds the rate_limit: its value is each request's id, the last entry of the descriptor")
 	}
-	if v, ok := f["failure_mode"]; ok {
-		if s, ok := p.str(v, path+".failure_mode"); ok {
-			fm, err := ParseFailureMode(s)
-			if err != nil {
-				p.errorf(v, path+".failure_mode", "%v", err)
-			}
-			r.FailureMode = fm
-		}
+}
+
+// ruleMetadata is a rule's metadata as the protobuf Struct a response
+// carries; nil when it cannot be one.
+func (p *parser) ruleMetadata(v *yaml.Node, path string) *structpb.Struct {
+	m := p.metadata(v, path)
+	if m == nil {
+		return nil
 	}
-	if v, ok := f["metadata"]; ok {
-		if m := p.metadata(v, path+".metadata"); m != nil {
-			st, err := structpb.NewStruct(m)
-			switch {
-			case err != nil:
-				p.errorf(v, path+".metadata", "cannot be returned as a protobuf Struct in a response's dynamic metadata: %v", err)
-			case proto.Size(st) > MaxMetadataBytes:
-				p.errorf(v, path+".metadata", "%d bytes as a protobuf Struct, more than the %d a response may carry", proto.Size(st), MaxMetadataBytes)
-			default:
-				r.Metadata = st
-			}
-		}
+	st, err := structpb.NewStruct(m)
+	switch {
+	case err != nil:
+		p.errorf(v, path, "cannot be returned as a protobuf Struct in a response's dynamic metadata: %v", err)
+	case proto.Size(st) > MaxMetadataBytes:
+		p.errorf(v, path, "%d bytes as a protobuf Struct, more than the %d a response may carry", proto.Size(st), MaxMetadataBytes)
+	default:
+		return st
 	}
-	// rate_limit: null is no limit, as a RateLimitConfig without a
-	// policy means (generators write it out).
-	if v, ok := f["rate_limit"]; ok && !(v.Kind == yaml.ScalarNode && v.Tag == "!!null") {
-		r.Limit = p.rateLimit(v, path+".rate_limit")
-	}
-	d.rules = append(d.rules, r)
-	r.children = p.descriptors(f["descriptors"], path+".descriptors", d, r)
-	return r
+	return nil
 }

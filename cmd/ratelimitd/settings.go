@@ -16,6 +16,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/incumbentenv"
 	"github.com/ratelimitd/ratelimitd/internal/incumbentstats"
 	"github.com/ratelimitd/ratelimitd/internal/lease"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
 	"github.com/ratelimitd/ratelimitd/internal/rlqs"
 	"github.com/ratelimitd/ratelimitd/internal/service"
@@ -205,7 +206,7 @@ func decisionFlags(fs *flag.FlagSet, s *settings) {
 	fs.Var(positive(&o.UsageTimeout, service.DefaultUsageTimeout), "usage-timeout", "the longest a budget check (a call stating 0 hits) counts as in flight while its usage charge has not come: the ceiling of the horizon learned from how long streams last (twice their duration); whole seconds, at least 1s")
 	fs.BoolVar(&o.DecisionMetadata, "decision-metadata", false, "explain each decision in the response's dynamic_metadata (rule and reason per descriptor, under \"decisions\")")
 	fs.BoolVar(&o.ResponseMetadata, "response-dynamic-metadata", false, "return envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA in the response's dynamic_metadata: the domain, each descriptor's entries (and hitsAddend, limit), the request's hitsAddend, and the metadata of the rules of the descriptors answered OK, merged; beside --decision-metadata's \"decisions\"")
-	fs.Var(positiveRatio(&o.NearLimitRatio, incumbentstats.DefaultNearLimitRatio), "near-limit-ratio", "share of a limit from which an OK decision counts as near_limit in metrics")
+	fs.Var(positiveRatio(&o.NearLimitRatio, record.DefaultNearLimitRatio), "near-limit-ratio", "share of a limit from which an OK decision counts as near_limit in metrics")
 }
 
 func rlqsFlags(fs *flag.FlagSet, s *settings) {

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/fielderr"
+	"github.com/ratelimitd/ratelimitd/internal/record"
 
 	gostats "github.com/lyft/gostats"
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,9 +52,6 @@ func DefaultMapping() string { return defaultMapping }
 const (
 	DefaultFlushInterval = 10 * time.Second
 	DefaultNameCap       = 100
-	// DefaultNearLimitRatio is envoyproxy/ratelimit's NEAR_LIMIT_RATIO
-	// default, ratelimitd's metrics' too (--near-limit-ratio).
-	DefaultNearLimitRatio = 0.8
 )
 
 // The names' roots, as the incumbent's scopes make them.
@@ -86,7 +84,7 @@ type Options struct {
 	// Mapping is a statsd_exporter mapping (YAML) replacing the default.
 	Mapping string
 	// NearLimitRatio starts near_limit at this share of a limit; zero
-	// means DefaultNearLimitRatio.
+	// means record.DefaultNearLimitRatio.
 	NearLimitRatio float64
 	// NameCap bounds the names one rule may add from request values;
 	// zero means DefaultNameCap. Later values count under the rule's
@@ -166,7 +164,7 @@ func New(ctx context.Context, opts Options) (*Stats, error) {
 		opts.NameCap = DefaultNameCap
 	}
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
-		opts.NearLimitRatio = DefaultNearLimitRatio
+		opts.NearLimitRatio = record.DefaultNearLimitRatio
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

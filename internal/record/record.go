@@ -79,6 +79,11 @@ type Event struct {
 	Hits       uint64
 }
 
+// DefaultNearLimitRatio is the share of a limit from which an OK
+// decision counts as near the limit (--near-limit-ratio):
+// envoyproxy/ratelimit's NEAR_LIMIT_RATIO default, ratelimitd's too.
+const DefaultNearLimitRatio = 0.8
+
 // Recorder counts what the service reports.
 type Recorder interface {
 	Record(d Decision)

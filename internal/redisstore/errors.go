@@ -40,17 +40,25 @@ const (
 
 // Classify names the class of a Redis call's error, "" for nil.
 func Classify(err error) string {
-	if err == nil {
+	switch {
+	case err == nil:
 		return ""
-	}
-	if errors.Is(err, ErrBreakerOpen) {
+	case errors.Is(err, ErrBreakerOpen):
 		return ClassBreakerOpen
-	}
-	if errors.Is(err, errQueueFull) {
+	case errors.Is(err, errQueueFull):
 		return ClassOverload
 	}
-	// go-redis's own helpers, which see through wrapping; the script's
-	// per-request errors (scriptError) are Redis errors to them too.
+	if c := replyClass(err); c != "" {
+		return c
+	}
+	return transportClass(err)
+}
+
+// replyClass is the class of an error reply of Redis's, "" for an
+// error of another kind. go-redis's own helpers see through wrapping;
+// the script's per-request errors (scriptError) are Redis errors to them
+// too.
+func replyClass(err error) string {
 	switch {
 	case redis.IsNoReplicasError(err):
 		return ClassNoReplicas
@@ -71,18 +79,20 @@ func Classify(err error) string {
 	if errors.As(err, &rerr) {
 		return ClassOther
 	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return ClassTimeout
-	}
+	return ""
+}
+
+// transportClass is the class of an error that is not a reply: a
+// timeout, a lost or refused connection, or other.
+func transportClass(err error) string {
 	var nerr net.Error
-	if errors.As(err, &nerr) && nerr.Timeout() {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled),
+		errors.As(err, &nerr) && nerr.Timeout(),
+		errors.Is(err, redis.ErrPoolTimeout):
 		return ClassTimeout
-	}
-	if errors.Is(err, redis.ErrPoolTimeout) {
-		return ClassTimeout
-	}
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, redis.ErrClosed) {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED),
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, redis.ErrClosed):
 		return ClassConnection
 	}
 	var operr *net.OpError

@@ -197,6 +197,27 @@ func New(opts Options) (*Store, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	s.breaker = s.newStoreBreaker(opts)
+	if s.dispatchers = opts.Dispatchers; s.dispatchers >= 0 {
+		if s.dispatchers == 0 {
+			s.dispatchers = 1
+		}
+		if s.cluster == nil {
+			s.single = s.newBatcher(s.client, nil)
+		}
+	}
+	s.startJournal(opts)
+	every := opts.PolicyCheckEvery
+	if every <= 0 {
+		every = DefaultPolicyCheckEvery
+	}
+	s.wg.Go(func() { s.watchPolicy(every) })
+	return s, nil
+}
+
+// newStoreBreaker is the store's breaker, opts' thresholds or the
+// defaults, which logs and counts each change of state.
+func (s *Store) newStoreBreaker(opts Options) *breaker {
 	failures, openAfter, interval := opts.BreakerFailures, opts.BreakerOpenAfter, opts.ProbeInterval
 	if failures <= 0 {
 		failures = DefaultBreakerFailures
@@ -207,7 +228,7 @@ func New(opts Options) (*Store, error) {
 	if interval <= 0 {
 		interval = DefaultProbeInterval
 	}
-	s.breaker = newBreaker(failures, openAfter, interval, s.probe, func(open bool) {
+	return newBreaker(failures, openAfter, interval, s.probe, func(open bool) {
 		s.m.SetBreaker(open)
 		if open {
 			s.log.Error("redis breaker open: answering by failure policy without waiting on Redis (a probe stays in flight; one call a second is let through)",
@@ -216,31 +237,22 @@ func New(opts Options) (*Store, error) {
 			s.log.Info("redis breaker closed: Redis answers again")
 		}
 	})
-	if s.dispatchers = opts.Dispatchers; s.dispatchers >= 0 {
-		if s.dispatchers == 0 {
-			s.dispatchers = 1
-		}
-		if s.cluster == nil {
-			s.single = s.newBatcher(s.client, nil)
-		}
-	}
+}
+
+// startJournal starts the charge journal when opts ask for it (auto: on
+// but on Cluster), and says in the log whether charges are protected.
+func (s *Store) startJournal(opts Options) {
 	switch {
-	case opts.ChargeJournal || opts.ChargeJournalAuto && mode != ModeCluster:
+	case opts.ChargeJournal || opts.ChargeJournalAuto && s.mode != ModeCluster:
 		s.journal, s.journalStop = newJournal(s, opts.JournalBytes), make(chan struct{})
 		s.log.Info("charge journal on: usage charges are protected: each is kept until a replica acknowledges it and applied again if the master changes first (a Sentinel failover, a restart), and one Redis could not take (down, hung, failing over) is kept and applied when it answers; a charge recorded on a new master before the journal sees the change is counted twice",
-			"mode", mode, "max_bytes", s.journal.limit)
+			"mode", s.mode, "max_bytes", s.journal.limit)
 		s.journalWG.Go(func() { s.journal.run(s.journalStop) })
-	case mode == ModeCluster:
-		s.log.Warn("charge journal off on Redis Cluster: usage charges are not protected: one a master's failover loses, or that comes while Redis cannot be reached, is lost", "mode", mode)
+	case s.mode == ModeCluster:
+		s.log.Warn("charge journal off on Redis Cluster: usage charges are not protected: one a master's failover loses, or that comes while Redis cannot be reached, is lost", "mode", s.mode)
 	default:
-		s.log.Warn("charge journal off: usage charges are not protected: one a failover loses, or that comes while Redis cannot be reached, is lost", "mode", mode)
+		s.log.Warn("charge journal off: usage charges are not protected: one a failover loses, or that comes while Redis cannot be reached, is lost", "mode", s.mode)
 	}
-	every := opts.PolicyCheckEvery
-	if every <= 0 {
-		every = DefaultPolicyCheckEvery
-	}
-	s.wg.Go(func() { s.watchPolicy(every) })
-	return s, nil
 }
 
 // minBudget is the least time a call must have had for its timeout to

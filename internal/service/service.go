@@ -17,7 +17,6 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/record"
 
 	"github.com/ratelimitd/ratelimitd/config"
-	"github.com/ratelimitd/ratelimitd/internal/incumbentstats"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/lograte"
 )
@@ -91,7 +90,7 @@ type Options struct {
 	DeadlineMargin time.Duration
 	// NearLimitRatio marks an OK decision near_limit in metrics when the
 	// counter reaches this share of its limit. Zero means
-	// incumbentstats.DefaultNearLimitRatio.
+	// record.DefaultNearLimitRatio.
 	NearLimitRatio float64
 	// DecisionMetadata explains every decision in the response's
 	// dynamic_metadata: {"decisions": [{"rule": ..., "reason": ...}, ...]},
@@ -217,7 +216,7 @@ func New(rules *config.Snapshot, store Store, cache Cache, opts Options) *Servic
 	}
 	opts.HeaderNames = opts.HeaderNames.withDefaults()
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
-		opts.NearLimitRatio = incumbentstats.DefaultNearLimitRatio
+		opts.NearLimitRatio = record.DefaultNearLimitRatio
 	}
 	s := &Service{store: store, cache: cache, opts: opts, log: opts.Logger, now: opts.Now, recorders: opts.Recorders}
 	if s.log == nil {
