@@ -384,6 +384,8 @@ muts = [
     ('362 a stopping instance does not hand its kept charges over','internal/redisstore/journal_round.go','\tdeadline := time.Now().Add(JournalHandoff)\n','\tdeadline := time.Now()\n','./cmd/ratelimitd','TestRollingUpdateKeepsCharges'),
     ('363 an RLQS failure revokes the tokens an Envoy holds','internal/rlqs/sizing.go','\tif b.holds(now) {\n\t\tb.wake = now.Add(time.Second)\n\t\treturn nil\n\t}\n','','./internal/rlqs','TestFailureKeepsHeldTokens'),
     ("364 a room's collectors left off the registry /metrics serves","cmd/ratelimitd/metrics.go","rlqs: rlqs.NewMetrics(m.Registry), xds: xds.NewMetrics(m.Registry)}","rlqs: rlqs.NewMetrics(m.Registry), xds: nil}","./cmd/ratelimitd","TestMetricList"),
+    ("365 a flag's default changed, its documented default not","cmd/ratelimitd/settings.go",'fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081",','fs.StringVar(&s.grpcAddr, "grpc-addr", ":8082",',"./cmd/ratelimitd","TestFlagTableDefaults"),
+    ("366 the store imports the service's reports (record): a floor up","internal/redisstore/metrics.go",'import (\n\t"time"\n','import (\n\t"time"\n\n\t_ "github.com/ratelimitd/ratelimitd/internal/record"\n',"./internal/house","TestImportFloors"),
 ]
 only = sys.argv[1:]
 missed = 0

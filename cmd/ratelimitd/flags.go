@@ -16,7 +16,20 @@ import (
 // byteSize is a byte count with an optional KiB, MiB or GiB suffix.
 type byteSize int
 
-func (b *byteSize) String() string { return strconv.Itoa(int(*b)) }
+// String is the count in the largest unit that divides it (1MiB), as
+// the usage prints a default.
+func (b *byteSize) String() string {
+	n := int(*b)
+	for _, u := range []struct {
+		suffix string
+		mult   int
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.mult == 0 {
+			return strconv.Itoa(n/u.mult) + u.suffix
+		}
+	}
+	return strconv.Itoa(n)
+}
 
 func (b *byteSize) Set(s string) error {
 	mult := 1

@@ -125,7 +125,7 @@ func xdsFlags(fs *flag.FlagSet, s *settings) {
 	fs.StringVar(&x.key, "xds-tls-key", "", "PEM client key for --xds-server")
 	fs.StringVar(&x.serverName, "xds-tls-server-name", "", "name to verify in --xds-server's certificate (default: its host)")
 	x.maxMessage = xds.DefaultMaxMessage
-	fs.Var(&x.maxMessage, "xds-max-message-size", "largest response accepted from --xds-server, in bytes (default 4MiB)")
+	fs.Var(&x.maxMessage, "xds-max-message-size", "largest response accepted from --xds-server, in bytes")
 	fs.Var(positive(&x.opts.BackoffInitial, xds.DefaultBackoffInitial), "xds-backoff-initial", "first wait before opening the stream to --xds-server again; it doubles, with jitter, up to --xds-backoff-max")
 	fs.Var(positive(&x.opts.BackoffMax, xds.DefaultBackoffMax), "xds-backoff-max", "longest wait before opening the stream to --xds-server again")
 	fs.BoolVar(&x.startWithoutRules, "xds-start-without-rules", false, "serve before --xds-server sent the first valid rules (answered as --xds-before-rules says meanwhile) instead of waiting for them")
@@ -145,7 +145,8 @@ func redisFlags(fs *flag.FlagSet, s *settings) {
 	fs.Var(positive(&s.redis.BreakerOpenAfter, redisstore.DefaultBreakerOpenAfter), "breaker-open-after", "open the Redis breaker (answer by failure policy at once) only after round trips have kept failing this long, with no answer in between")
 	fs.IntVar(&s.redis.Dispatchers, "redis-dispatchers", 1, "batching dispatchers, each sending what queued during its previous round trip as one script call (one per hash slot on Cluster); -1: no batching, one round trip per request")
 	fs.Var(&s.journal, "charge-journal", "auto, on or off: keep each usage charge until a Redis replica acknowledges it, applying the unacknowledged ones again when the master changes (a Sentinel failover, a restart), and keep one Redis could not take (down, hung, failing over) to apply when it answers: spend survives, at the price of counting twice the charges of one 50ms round after a failover; auto: on for single and Sentinel Redis, off on Cluster and the in-memory store (see docs/token-budgets.md) (default auto)")
-	fs.Var(&s.journalSize, "charge-journal-size", "bytes the charge journal may hold (about 160 and the key a charge); past it the oldest unacknowledged charges are forgotten, counted (default 16MiB)")
+	s.journalSize = redisstore.DefaultJournalBytes
+	fs.Var(&s.journalSize, "charge-journal-size", "bytes the charge journal may hold (about 160 and the key a charge); past it the oldest unacknowledged charges are forgotten, counted")
 	fs.Var(positive(&s.lease.Interval, lease.DefaultInterval), "lease-interval", "how long a grant of a leased counter (lease: true) should last at its recent rate: longer means fewer Redis round trips and more hits held per instance")
 	fs.StringVar(&s.svc.KeyPrefix, "key-prefix", "", "prefix of every Redis key; changing it starts every counter afresh")
 }
@@ -161,7 +162,7 @@ func serveFlags(fs *flag.FlagSet, s *settings) {
 	fs.StringVar(&s.grpcTLSKey, "grpc-tls-key", "", "PEM key of --grpc-tls-cert")
 	fs.StringVar(&s.grpcClientCA, "grpc-client-ca", "", "PEM CA file: require and verify client certificates (mTLS)")
 	s.grpcMaxMessage = 1 << 20
-	fs.Var(&s.grpcMaxMessage, "grpc-max-message-size", "largest gRPC request accepted, in bytes (default 1MiB)")
+	fs.Var(&s.grpcMaxMessage, "grpc-max-message-size", "largest gRPC request accepted, in bytes")
 	s.grpcMaxStreams = DefaultGRPCMaxStreams
 	fs.Func("grpc-max-concurrent-streams", "streams one gRPC connection may have open at once; more are refused (default 100)", func(v string) error {
 		n, err := strconv.ParseUint(v, 10, 32)

@@ -217,3 +217,53 @@ func TestFlagTablesMatchFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestFlagTableDefaults: each default docs/configuration.md's table
+// states as a value (a cell, or its part for the row's n-th flag, that
+// starts with `value`) is the flag's own default, read as the flag reads
+// it (4MiB is 4194304, 1m is 1m0s); and a flag whose default is not
+// zero states it so. A default is written in the code once; the table
+// cannot drift from it.
+func TestFlagTableDefaults(t *testing.T) {
+	fs := newFlagSet(&settings{}, io.Discard)
+	b, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flagRef := regexp.MustCompile("`--([a-z0-9-]+)")
+	value := regexp.MustCompile("^`([^`]*)`")
+	zero := map[string]bool{"": true, "false": true, "0": true, "0s": true}
+	stated := map[string]bool{}
+	for _, line := range strings.Split(strings.ReplaceAll(string(b), `\|`, "/"), "\n") {
+		cells := strings.Split(line, "|")
+		if !strings.HasPrefix(line, "| `--") || len(cells) < 4 {
+			continue
+		}
+		flags := flagRef.FindAllStringSubmatch(cells[1], -1)
+		parts := strings.Split(strings.TrimSpace(cells[2]), ", ")
+		for i, f := range flags {
+			if i >= len(parts) {
+				break
+			}
+			m := value.FindStringSubmatch(strings.TrimSpace(parts[i]))
+			fl := fs.Lookup(f[1])
+			if m == nil || fl == nil {
+				continue
+			}
+			stated[f[1]] = true
+			probe := newFlagSet(&settings{}, io.Discard)
+			if err := probe.Set(f[1], m[1]); err != nil {
+				t.Errorf("--%s: the table's default %q does not parse: %v", f[1], m[1], err)
+				continue
+			}
+			if got := probe.Lookup(f[1]).Value.String(); got != fl.Value.String() {
+				t.Errorf("--%s: the table says %q (%s), the flag's default is %s", f[1], m[1], got, fl.Value.String())
+			}
+		}
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if !zero[f.DefValue] && !stated[f.Name] {
+			t.Errorf("--%s defaults to %s; docs/configuration.md's table does not state it as `%s`", f.Name, f.DefValue, f.DefValue)
+		}
+	})
+}
