@@ -251,3 +251,28 @@ func f(a, b bool, xs []int, ch chan int) {
 		t.Errorf("complexity %d, want 9 (1, if, &&, ||, range, for, 2 cases, 1 select case)", c)
 	}
 }
+
+// TestManualsUndated: the manuals of docs/ say what is true now: no
+// commit hash in them, and a date only where a figure says when it was
+// measured ("measured on <date>"); history lives in the commit log.
+func TestManualsUndated(t *testing.T) {
+	date := regexp.MustCompile(`\b20\d\d-\d\d-\d\d\b`)
+	measured := regexp.MustCompile(`measured on 20\d\d-\d\d-\d\d\b`)
+	hash := regexp.MustCompile(`\b[0-9a-f]{7,40}\b`)
+	for _, doc := range []string{"docs/BENCHMARKS.md", "docs/TESTING.md", "docs/token-budgets.md", "docs/configuration.md", "docs/operations.md", "README.md"} {
+		data, err := os.ReadFile(filepath.Join(root, doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(data), "\n") {
+			if n := len(date.FindAllString(line, -1)); n > len(measured.FindAllString(line, -1)) {
+				t.Errorf("%s:%d: a date that is not a measurement's: %s", doc, i+1, line)
+			}
+			for _, h := range hash.FindAllString(line, -1) {
+				if strings.ContainsAny(h, "abcdef") && strings.ContainsAny(h, "0123456789") {
+					t.Errorf("%s:%d: %s looks like a commit: %s", doc, i+1, h, line)
+				}
+			}
+		}
+	}
+}
