@@ -34,7 +34,7 @@ func TestBadConfigs(t *testing.T) {
 		{"misspelled_key2.bad.yaml", []string{`:6: descriptors[0].rate_limit: unknown field "requestsperunit"`}},
 		{"replaces_self.bad.yaml", []string{`:9: descriptors[0].rate_limit.replaces[0].name: a limit cannot replace itself ("self")`}},
 		{"replaces_empty.bad.yaml", []string{":8: descriptors[0].rate_limit.replaces[0].name: empty replaces name"}},
-		{"bad_yaml.bad.yaml", []string{"bad_yaml.bad.yaml: invalid YAML: line"}},
+		{"bad_yaml.bad.yaml", []string{"bad_yaml.bad.yaml:1: invalid YAML: found unexpected end of stream"}},
 		{"non_string_key.bad.yaml", []string{`non_string_key.bad.yaml:1: key "0.25" is not a string`}},
 		{"non_map_list.bad.yaml", []string{":2: descriptors[0]: want a mapping, got str"}},
 		{"descriptors_map.bad.yaml", []string{":3: descriptors: want a list of descriptors, got a mapping"}},

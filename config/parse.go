@@ -110,7 +110,11 @@ func parseDoc(ctx context.Context, in Doc) ([]*Domain, error) {
 			break
 		}
 		if err != nil {
-			return nil, &Error{File: file, Msg: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+			line, msg := yamlError(data, err)
+			if p.noLines {
+				line = 0
+			}
+			return nil, &Error{File: file, Line: line, Msg: "invalid YAML: " + strings.TrimPrefix(msg, "yaml: ")}
 		}
 		root := &doc
 		if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {

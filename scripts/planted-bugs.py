@@ -386,6 +386,7 @@ muts = [
     ("364 a room's collectors left off the registry /metrics serves","cmd/ratelimitd/metrics.go","rlqs: rlqs.NewMetrics(m.Registry), xds: xds.NewMetrics(m.Registry)}","rlqs: rlqs.NewMetrics(m.Registry), xds: nil}","./cmd/ratelimitd","TestMetricList"),
     ("365 a flag's default changed, its documented default not","cmd/ratelimitd/settings.go",'fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081",','fs.StringVar(&s.grpcAddr, "grpc-addr", ":8082",',"./cmd/ratelimitd","TestFlagTableDefaults"),
     ("366 the store imports the service's reports (record): a floor up","internal/redisstore/metrics.go",'import (\n\t"time"\n','import (\n\t"time"\n\n\t_ "github.com/ratelimitd/ratelimitd/internal/record"\n',"./internal/house","TestImportFloors"),
+    ("367 a YAML error names yaml.v3's line, not the fault's","config/yamlerr.go","\treturn hi, msg\n","\treported, _ := strconv.Atoi(m[1])\n\t_ = hi\n\treturn reported, msg\n","./config","TestYAMLErrorLines"),
 ]
 only = sys.argv[1:]
 missed = 0
