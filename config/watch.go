@@ -47,7 +47,10 @@ func Watch(ctx context.Context, paths []string, opts Options, debounce time.Dura
 		err  error
 	}
 	results := make(chan result, 1) // one load at a time: its send never blocks
-	var loading, stale, due bool
+	// failed: the last load failed, so the next that succeeds is told
+	// even when it holds the rules in force (a fix that reverts a bad
+	// edit), and the failure's report does not stay the last word.
+	var loading, stale, due, failed bool
 	cancel := context.CancelFunc(func() {})
 	defer func() {
 		cancel()
@@ -94,9 +97,10 @@ func Watch(ctx context.Context, paths []string, opts Options, debounce time.Dura
 			switch {
 			case stale:
 			case r.err != nil:
+				failed = true
 				onLoad(nil, r.err)
-			case r.snap.Hash != lastHash:
-				lastHash = r.snap.Hash
+			case r.snap.Hash != lastHash || failed:
+				lastHash, failed = r.snap.Hash, false
 				onLoad(r.snap, nil)
 			}
 			if due {

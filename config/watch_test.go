@@ -89,6 +89,29 @@ func TestWatchInPlaceRenameAndInvalid(t *testing.T) {
 	}
 }
 
+// TestWatchFixBackToTheRulesInForce: a bad edit fails to load; writing
+// the rules in force back is reported as a load, though nothing changed,
+// so that the failure is not the last word (the server logs "rules
+// reloaded" and counts a success).
+func TestWatchFixBackToTheRulesInForce(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(f, []byte(rule("5")), 0o600)
+	l := watchFor(t, dir)
+	os.WriteFile(f, []byte("domain: w\ndescriptors: [\n"), 0o600)
+	l.wait(t, 0, 1)
+	os.WriteFile(f, []byte(rule("5")), 0o600)
+	l.wait(t, 1, 1)
+	// Written again unchanged once it loaded: nothing to tell.
+	os.WriteFile(f, []byte(rule("5")), 0o600)
+	time.Sleep(300 * time.Millisecond)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.snaps) != 1 {
+		t.Errorf("%d loads reported; an unchanged file after a good load is not one", len(l.snaps))
+	}
+}
+
 // TestWatchSymlinkSwap swaps a symlinked rules directory the way
 // Kubernetes updates a ConfigMap volume and `ln -sfn` deployments do.
 func TestWatchSymlinkSwap(t *testing.T) {

@@ -387,6 +387,12 @@ muts = [
     ("365 a flag's default changed, its documented default not","cmd/ratelimitd/settings.go",'fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081",','fs.StringVar(&s.grpcAddr, "grpc-addr", ":8082",',"./cmd/ratelimitd","TestFlagTableDefaults"),
     ("366 the store imports the service's reports (record): a floor up","internal/redisstore/metrics.go",'import (\n\t"time"\n','import (\n\t"time"\n\n\t_ "github.com/ratelimitd/ratelimitd/internal/record"\n',"./internal/house","TestImportFloors"),
     ("367 a YAML error names yaml.v3's line, not the fault's","config/yamlerr.go","\treturn hi, msg\n","\treported, _ := strconv.Atoi(m[1])\n\t_ = hi\n\treturn reported, msg\n","./config","TestYAMLErrorLines"),
+    ("368 a fix back to the rules in force not reported after a failed load","config/watch.go","case r.snap.Hash != lastHash || failed:","case r.snap.Hash != lastHash || failed && false:","./config","TestWatchFixBackToTheRulesInForce"),
+    ("369 a flag error prints the whole usage","cmd/ratelimitd/cli.go","\tfs.SetOutput(io.Discard)\n\tfs.Usage = func() {}\n","\tfs.SetOutput(out)\n","./cmd/ratelimitd","TestCommandLineErrors"),
+    ("370 a command's help exits 1","cmd/ratelimitd/subcommands.go","\tif errors.Is(err, flag.ErrHelp) {\n\t\treturn nil\n\t}\n\treturn err\n","\treturn err\n","./cmd/ratelimitd","TestCommandLineResults"),
+    ("371 a /json body too large is a 400","internal/server/http.go","if errors.As(err, &tooLarge) {","if errors.As(err, &tooLarge) && false {","./internal/server","TestJSON"),
+    ("372 the README shows an answer the service does not give","README.md",'"limitRemaining":998800','"limitRemaining":998000',"./cmd/ratelimitd","TestReadmeExamples"),
+    ("373 the breaker opens at a short stall's first failed round trip","internal/redisstore/breaker.go","if b.open.Load() || b.fails < b.minFails || time.Since(b.failSince) < b.openAfter {","if b.open.Load() {","./internal/service","TestShortStallsKeepLimiting"),
 ]
 only = sys.argv[1:]
 missed = 0

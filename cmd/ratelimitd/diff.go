@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,17 +15,16 @@ import (
 // reviewer needs to know of a pull request to the rules, which a YAML
 // diff shows only as moved lines.
 func diffRules(_ context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("ratelimitd diff", flag.ContinueOnError)
-	fs.SetOutput(out)
+	const cmd = "ratelimitd diff"
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(out, "usage: ratelimitd diff OLD NEW  (rules files or directories)")
+		fmt.Fprintln(fs.Output(), "Usage: ratelimitd diff OLD NEW\n\nPrints what changing the rules OLD to NEW (files or directories) does,\nrule by rule: limits, keys that start afresh, rules added and removed.")
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
+	if err := parseFlags(fs, cmd, args, out); err != nil {
+		return helpIsDone(err)
 	}
 	if fs.NArg() != 2 {
-		fs.Usage()
-		return errors.New("diff: want two rules paths, the old and the new")
+		return usagef(cmd, "want two rules paths, the old and the new; got %d", fs.NArg())
 	}
 	before, err := config.Load(fs.Arg(0))
 	if err != nil {

@@ -55,7 +55,7 @@ descriptors:
     rate_limit: {unit: month, requests_per_unit: 1000, rejected_hits: nothing, calendar: true}
 `)
 	var out syncBuffer
-	if err := run(context.Background(), []string{"diff", old, changed}, env(nil), &out); err != nil {
+	if err := run(context.Background(), []string{"diff", old, changed}, env(nil), &out, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	for _, want := range []string{
@@ -75,11 +75,11 @@ descriptors:
 		t.Errorf("an unchanged rule is listed:\n%s", out.String())
 	}
 	var none syncBuffer
-	if err := run(context.Background(), []string{"diff", old, old}, env(nil), &none); err != nil || !strings.Contains(none.String(), "no change in what is limited") {
+	if err := run(context.Background(), []string{"diff", old, old}, env(nil), &none, &none); err != nil || !strings.Contains(none.String(), "no change in what is limited") {
 		t.Errorf("no change: %v %q", err, none.String())
 	}
 	var bad syncBuffer
-	if err := run(context.Background(), []string{"diff", old, filepath.Join(dir, "missing.yaml")}, env(nil), &bad); err == nil || !strings.Contains(err.Error(), "diff: new rules") {
+	if err := run(context.Background(), []string{"diff", old, filepath.Join(dir, "missing.yaml")}, env(nil), &bad, &bad); err == nil || !strings.Contains(err.Error(), "diff: new rules") {
 		t.Errorf("missing new rules: %v", err)
 	}
 }

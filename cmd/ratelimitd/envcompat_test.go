@@ -69,7 +69,7 @@ func TestEnvoyproxyEnvironment(t *testing.T) {
 	var log syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, nil, env(vars), &log) }()
+	go func() { done <- run(ctx, nil, env(vars), &log, &log) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -122,14 +122,14 @@ func TestEnvoyproxyEnvironment(t *testing.T) {
 			"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0"}
 		// Bounded, should the variable be taken and the service start.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		err := run(ctx, nil, env(bad), &syncBuffer{})
+		err := run(ctx, nil, env(bad), &syncBuffer{}, &syncBuffer{})
 		cancel()
 		if err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s=%s: %v, want a startup error naming it", name, val, err)
 		}
 	}
 	// Without --env-compat the incumbent's variables mean nothing.
-	if err := run(context.Background(), nil, env(map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit"}), &syncBuffer{}); err == nil || !strings.Contains(err.Error(), "--config is required") {
+	if err := run(context.Background(), nil, env(map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit"}), &syncBuffer{}, &syncBuffer{}); err == nil || !strings.Contains(err.Error(), "--config is required") {
 		t.Errorf("without --env-compat: %v", err)
 	}
 }

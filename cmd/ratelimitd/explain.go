@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -51,20 +50,22 @@ type explainedRule struct {
 // explain prints, for each descriptor given, the rule the server would
 // match and what becomes of its limit, with no Redis and no server.
 func explain(_ context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("ratelimitd explain", flag.ContinueOnError)
-	fs.SetOutput(out)
+	const cmd = "ratelimitd explain"
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	rulesPath := fs.String("config", "", "rules: a file or a directory, as the server's --config")
 	asJSON := fs.Bool("json", false, "print JSON, for scripts")
 	fs.Usage = func() {
-		fmt.Fprintln(out, "usage: ratelimitd explain --config PATH [--json] DOMAIN 'k=v,k2=v2' ['k=v'...]")
-		fmt.Fprintln(out, "  each descriptor is its entries, key=value, joined by ','; in the order Envoy's actions produce them")
+		fmt.Fprintln(fs.Output(), "Usage: ratelimitd explain --config PATH [--json] DOMAIN 'k=v,k2=v2' ['k=v'...]\n\n"+
+			"Prints the rule each descriptor matches and what becomes of its limit, with\n"+
+			"no Redis and no server. A descriptor is its entries, key=value, joined by\n"+
+			"',', in the order Envoy's actions produce them.\n\nFlags:")
+		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
+	if err := parseFlags(fs, cmd, args, out); err != nil {
+		return helpIsDone(err)
 	}
 	if *rulesPath == "" || fs.NArg() < 2 {
-		fs.Usage()
-		return errors.New("explain: --config, a domain and at least one descriptor are needed")
+		return usagef(cmd, "--config, a domain and at least one descriptor are needed")
 	}
 	rules, err := config.Load(*rulesPath)
 	if err != nil {

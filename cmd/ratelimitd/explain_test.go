@@ -36,7 +36,7 @@ descriptors:
 func TestExplain(t *testing.T) {
 	rules := writeRules(t, explainRules)
 	var out syncBuffer
-	err := run(context.Background(), []string{"explain", "--config", rules, "web", "ip=1", "vip=v", "path=/admin", "health=x", "group=g", "nope=1"}, env(nil), &out)
+	err := run(context.Background(), []string{"explain", "--config", rules, "web", "ip=1", "vip=v", "path=/admin", "health=x", "group=g", "nope=1"}, env(nil), &out, &out)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
@@ -53,7 +53,7 @@ func TestExplain(t *testing.T) {
 		}
 	}
 	var js syncBuffer
-	if err := run(context.Background(), []string{"explain", "--config", rules, "--json", "web", "vip=v"}, env(nil), &js); err != nil {
+	if err := run(context.Background(), []string{"explain", "--config", rules, "--json", "web", "vip=v"}, env(nil), &js, &js); err != nil {
 		t.Fatal(err)
 	}
 	var got []struct {
@@ -73,7 +73,7 @@ func TestExplain(t *testing.T) {
 	}
 	// Bad input names the problem.
 	var bad syncBuffer
-	if err := run(context.Background(), []string{"explain", "--config", rules, "web", "novalue"}, env(nil), &bad); err == nil || !strings.Contains(err.Error(), `descriptor "novalue": want key=value`) {
+	if err := run(context.Background(), []string{"explain", "--config", rules, "web", "novalue"}, env(nil), &bad, &bad); err == nil || !strings.Contains(err.Error(), `descriptor "novalue": want key=value`) {
 		t.Errorf("a descriptor without '=': %v", err)
 	}
 }

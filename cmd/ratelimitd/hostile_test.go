@@ -304,7 +304,7 @@ func TestSecretsNeverPrinted(t *testing.T) {
 			var log syncBuffer
 			// Bounded, should the URL parse after all and the service start.
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err := run(ctx, append(args, "--log-level", "debug", "--grpc-addr", freeAddr(t), "--http-addr", freeAddr(t)), env(vars), &log)
+			err := run(ctx, append(args, "--log-level", "debug", "--grpc-addr", freeAddr(t), "--http-addr", freeAddr(t)), env(vars), &log, &log)
 			cancel()
 			if err == nil || !strings.Contains(err.Error(), "--redis-url") {
 				t.Errorf("%s (env %v): err = %v, want a --redis-url error", u, viaEnv, err)

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -17,11 +16,9 @@ var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], envFor(os.Args[0], os.Getenv), os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "ratelimitd:", err)
-		os.Exit(1)
-	}
+	code := cli(ctx, os.Args[1:], envFor(os.Args[0], os.Getenv), os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
 // IncumbentName is the name envoyproxy/ratelimit's images run it by

@@ -76,7 +76,7 @@ func TestHotReload(t *testing.T) {
 	if got := limitNow(); got != 2 {
 		t.Errorf("after invalid YAML the limit is %d, want the old 2", got)
 	}
-	if !strings.Contains(in.log.String(), "rules.yaml:3") && !strings.Contains(in.log.String(), "rules.yaml: invalid YAML") {
+	if !strings.Contains(in.log.String(), "rules.yaml:2: invalid YAML") {
 		t.Errorf("the reload error does not name the file:\n%s", in.log.String())
 	}
 	tmp := filepath.Join(root, ".tmp")
@@ -90,7 +90,7 @@ func TestHotReload(t *testing.T) {
 
 func TestCheckConfig(t *testing.T) {
 	var out syncBuffer
-	if err := run(context.Background(), []string{"check-config", "../../deploy/rules"}, env(nil), &out); err != nil {
+	if err := run(context.Background(), []string{"check-config", "../../deploy/rules"}, env(nil), &out, &out); err != nil {
 		t.Fatalf("example rules: %v\n%s", err, out.String())
 	}
 	if !strings.Contains(out.String(), "../../deploy/rules: ok: 1 file(s), 1 domain(s)") {
@@ -102,13 +102,13 @@ func TestCheckConfig(t *testing.T) {
 	}
 	for _, f := range bad {
 		var out syncBuffer
-		err := run(context.Background(), []string{"check-config", f}, env(nil), &out)
+		err := run(context.Background(), []string{"check-config", f}, env(nil), &out, &out)
 		if err == nil || !strings.Contains(out.String(), f) {
 			t.Errorf("check-config %s: err %v, output %q: want a failure naming the file", f, err, out.String())
 		}
 	}
 	var all syncBuffer
-	if err := run(context.Background(), []string{"check-config", "../../deploy/rules", bad[0], bad[1]}, env(nil), &all); err == nil ||
+	if err := run(context.Background(), []string{"check-config", "../../deploy/rules", bad[0], bad[1]}, env(nil), &all, &all); err == nil ||
 		!strings.Contains(all.String(), bad[0]) || !strings.Contains(all.String(), bad[1]) {
 		t.Errorf("several paths: %v\n%s", err, all.String())
 	}
@@ -121,7 +121,7 @@ func TestCheckConfig(t *testing.T) {
 		}
 	}
 	var dup syncBuffer
-	err := run(context.Background(), []string{"check-config", filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")}, env(nil), &dup)
+	err := run(context.Background(), []string{"check-config", filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")}, env(nil), &dup, &dup)
 	if err == nil || !strings.Contains(dup.String(), `duplicate domain "same"`) {
 		t.Errorf("two files of one domain as two arguments: %v\n%s", err, dup.String())
 	}
@@ -131,10 +131,10 @@ func TestHealthcheckAndDebug(t *testing.T) {
 	debug := freeAddr(t)
 	in := start(t, env(nil), "--config", writeRules(t, opsRule("1")), "--debug-addr", debug, "--decision-metadata")
 	var out syncBuffer
-	if err := run(context.Background(), []string{"healthcheck", "--addr", in.grpcAddr}, env(nil), &out); err != nil || !strings.Contains(out.String(), "SERVING") {
+	if err := run(context.Background(), []string{"healthcheck", "--addr", in.grpcAddr}, env(nil), &out, &out); err != nil || !strings.Contains(out.String(), "SERVING") {
 		t.Errorf("healthcheck: %v %q", err, out.String())
 	}
-	if err := run(context.Background(), []string{"healthcheck", "--addr", freeAddr(t), "--timeout", "300ms"}, env(nil), &out); err == nil {
+	if err := run(context.Background(), []string{"healthcheck", "--addr", freeAddr(t), "--timeout", "300ms"}, env(nil), &out, &out); err == nil {
 		t.Error("healthcheck of nothing succeeded")
 	}
 	if body := get(t, "http://"+debug+"/debug/pprof/"); !strings.Contains(body, "goroutine") {
@@ -178,11 +178,11 @@ func TestMergeDomainsFlag(t *testing.T) {
 	// Bounded, should the files be merged after all and the service start.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if err := run(ctx, []string{"--config", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, env(nil), &out); err == nil || !strings.Contains(err.Error(), `duplicate domain "merged"`) {
+	if err := run(ctx, []string{"--config", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, env(nil), &out, &out); err == nil || !strings.Contains(err.Error(), `duplicate domain "merged"`) {
 		t.Fatalf("without --merge-domains: %v", err)
 	}
 	var chk syncBuffer
-	if err := run(context.Background(), []string{"check-config", "--merge-domains", dir}, env(nil), &chk); err != nil {
+	if err := run(context.Background(), []string{"check-config", "--merge-domains", dir}, env(nil), &chk, &chk); err != nil {
 		t.Fatalf("check-config --merge-domains: %v\n%s", err, chk.String())
 	}
 	in := start(t, env(map[string]string{"RATELIMITD_MERGE_DOMAINS": "true"}), "--config", dir)

@@ -114,7 +114,7 @@ func TestRLQSFlags(t *testing.T) {
 		// Bounded: a value wrongly accepted starts a server, which the
 		// deadline stops, and the nil error fails the test.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := run(ctx, []string{"--config", rules, "--rlqs", tt.flag, tt.value, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, env(nil), &syncBuffer{})
+		err := run(ctx, []string{"--config", rules, "--rlqs", tt.flag, tt.value, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, env(nil), &syncBuffer{}, &syncBuffer{})
 		cancel()
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s %s: %v, want an error naming it", tt.flag, tt.value, err)

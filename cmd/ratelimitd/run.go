@@ -40,22 +40,31 @@ var (
 	_ service.Store = (*persecond.Store)(nil)
 )
 
-// run starts the service with args and the environment behind getenv, and
-// serves until ctx is done. Logs go to logOut.
-func run(ctx context.Context, args []string, getenv func(string) string, logOut io.Writer) error {
+// run runs a command, or starts the service with args and the
+// environment behind getenv and serves until ctx is done. Results (a
+// command's, the usage asked for, the version) go to stdout; logs to
+// logOut.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, logOut io.Writer) error {
 	if len(args) > 0 {
 		switch args[0] {
 		case "check-config":
-			return checkConfig(ctx, args[1:], logOut)
+			return checkConfig(ctx, args[1:], stdout, logOut)
 		case "healthcheck":
-			return healthcheck(ctx, args[1:], logOut)
+			return healthcheck(ctx, args[1:], stdout)
 		case "explain":
-			return explain(ctx, args[1:], logOut)
+			return explain(ctx, args[1:], stdout)
 		case "diff":
-			return diffRules(ctx, args[1:], logOut)
+			return diffRules(ctx, args[1:], stdout)
+		case "version":
+			fmt.Fprintln(stdout, versionLine())
+			return nil
 		}
 	}
-	s, err := parseSettings(args, getenv, logOut)
+	if wantsVersion(args) {
+		fmt.Fprintln(stdout, versionLine())
+		return nil
+	}
+	s, err := parseSettings(args, getenv, stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}

@@ -97,7 +97,7 @@ func start(t *testing.T, getenv func(string) string, args ...string) *instance {
 	args = append(args, "--grpc-addr", in.grpcAddr, "--http-addr", in.httpAddr)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, args, getenv, in.log) }()
+	go func() { done <- run(ctx, args, getenv, in.log, in.log) }()
 	var once sync.Once
 	var err error
 	in.stop = func() error {
@@ -195,7 +195,7 @@ func TestStartupErrors(t *testing.T) {
 			// not at the suite's timeout.
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			err := run(ctx, tt.args, env(tt.env), &out)
+			err := run(ctx, tt.args, env(tt.env), &out, &out)
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Errorf("err = %v, want it to contain %q", err, tt.wantErr)
 			}

@@ -52,6 +52,7 @@ type settings struct {
 	debugAddr         string
 	localCacheSize    byteSize
 	journalSize       byteSize
+	journalSizeSet    bool        // --charge-journal-size given, by a flag or a variable
 	journal           journalFlag // --charge-journal
 	responseHeaders   headersFlag
 	logLevel          slog.Level
@@ -100,6 +101,7 @@ type xdsSettings struct {
 func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("ratelimitd", flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.Usage = serverUsage(fs)
 	for _, add := range []func(*flag.FlagSet, *settings){rulesFlags, xdsFlags, redisFlags, serveFlags, decisionFlags, rlqsFlags, tracingFlags, statsFlags} {
 		add(fs, s)
 	}
@@ -153,7 +155,7 @@ func redisFlags(fs *flag.FlagSet, s *settings) {
 
 func serveFlags(fs *flag.FlagSet, s *settings) {
 	fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081", "gRPC listen address")
-	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address (/json, /healthcheck, /rlconfig)")
+	fs.StringVar(&s.httpAddr, "http-addr", ":8080", "HTTP listen address (/json, /healthcheck, /rlconfig, /metrics)")
 	fs.StringVar(&s.debugAddr, "debug-addr", "", "serve pprof on this address (e.g. 127.0.0.1:6060); empty: off")
 	fs.TextVar(&s.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	fs.StringVar(&s.logFormat, "log-format", "text", "text or json")
@@ -243,7 +245,8 @@ func statsFlags(fs *flag.FlagSet, s *settings) {
 
 // parseSettings reads another limiter's environment, then ratelimitd's
 // own variables, then the flags, each winning over the one before, and
-// validates the result.
+// validates the result. Help asked for is printed to out
+// (flag.ErrHelp).
 func parseSettings(args []string, getenv func(string) string, out io.Writer) (*settings, error) {
 	s := &settings{}
 	fs := newFlagSet(s, out)
@@ -257,12 +260,13 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 	if compatFrom(args, getenv) == "envoyproxy" {
 		args, s.ignoredArgs = knownArgs(fs, args)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, "ratelimitd", args, out); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q (flags only; see -h)", redisstore.Redact(fs.Arg(0)))
+		return nil, usagef("ratelimitd", "unexpected argument %q: the server takes flags only (a command is the first argument)", redisstore.Redact(fs.Arg(0)))
 	}
+	s.journalSizeSet = isSet(fs, "charge-journal-size")
 	if compatFrom(args, getenv) == "envoyproxy" && !isSet(fs, "carry-incumbent-counts") && s.redisURL != "" && s.redis.Mode != redisstore.ModeCluster {
 		// Run as the incumbent's image, the swap keeps its counts: a
 		// monthly budget must not start afresh (docs/migrating.md).

@@ -325,7 +325,7 @@ func TestDogStatsd(t *testing.T) {
 	})
 	// A mogrifier without a pattern is a startup error naming it.
 	err := run(context.Background(), nil, env(map[string]string{"RATELIMITD_ENV_COMPAT": "envoyproxy", "USE_DOG_STATSD": "true",
-		"USE_DOG_STATSD_MOGRIFIERS": "X", "DOG_STATSD_MOGRIFIER_X_NAME": "n"}), &syncBuffer{})
+		"USE_DOG_STATSD_MOGRIFIERS": "X", "DOG_STATSD_MOGRIFIER_X_NAME": "n"}), &syncBuffer{}, &syncBuffer{})
 	if err == nil || !strings.Contains(err.Error(), "DOG_STATSD_MOGRIFIER_X_PATTERN") {
 		t.Errorf("mogrifier without a pattern: %v", err)
 	}

@@ -22,21 +22,22 @@ import (
 // paths as one set (as the files of one --config directory are), so that
 // `check-config rules/*.yaml` in a rules repository's CI catches what the
 // server would refuse, a domain defined in two files among them: every
-// problem of every file is printed, one a line, and the exit status is
-// non-zero when there is any. It stops when ctx is done (SIGINT, SIGTERM).
-func checkConfig(ctx context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("ratelimitd check-config", flag.ContinueOnError)
-	fs.SetOutput(out)
+// problem of every file is printed to errOut, one a line, and the exit
+// status is non-zero when there is any; the ok line goes to out. It stops
+// when ctx is done (SIGINT, SIGTERM).
+func checkConfig(ctx context.Context, args []string, out, errOut io.Writer) error {
+	const cmd = "ratelimitd check-config"
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	merge := fs.Bool("merge-domains", false, "merge files that share a domain, as the server's --merge-domains")
 	fs.Usage = func() {
-		fmt.Fprintln(out, "usage: ratelimitd check-config [--merge-domains] PATH...  (rules files or directories, checked as one set)")
+		fmt.Fprintln(fs.Output(), "Usage: ratelimitd check-config [--merge-domains] PATH...\n\nChecks rules files or directories as one set, as the server loads them:\nevery problem on stderr, one a line, exit 1; the ok line on stdout.\n\nFlags:")
+		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
+	if err := parseFlags(fs, cmd, args, out); err != nil {
+		return helpIsDone(err)
 	}
 	if fs.NArg() == 0 {
-		fs.Usage()
-		return errors.New("check-config: no rules path given")
+		return usagef(cmd, "no rules path given")
 	}
 	snap, err := config.LoadWith(ctx, config.Options{MergeDomains: *merge}, fs.Args()...)
 	if ctx.Err() != nil {
@@ -45,7 +46,7 @@ func checkConfig(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		lines := strings.Split(err.Error(), "\n")
 		for _, line := range lines {
-			fmt.Fprintln(out, line)
+			fmt.Fprintln(errOut, line)
 		}
 		return fmt.Errorf("check-config: %d problem(s) in %s", len(lines), strings.Join(fs.Args(), " "))
 	}
@@ -54,25 +55,41 @@ func checkConfig(ctx context.Context, args []string, out io.Writer) error {
 		rules += len(snap.Domain(d).Rules())
 	}
 	for _, w := range snap.Warnings() {
-		fmt.Fprintln(out, w)
+		fmt.Fprintln(errOut, w)
 	}
 	fmt.Fprintf(out, "%s: ok: %d file(s), %d domain(s), %d rule(s), hash %s\n", strings.Join(fs.Args(), " "), len(snap.Files), len(snap.Domains()), rules, snap.Hash[:12])
 	return nil
 }
 
+// helpIsDone is nil for help asked for and printed (the command did what
+// it was asked), else err.
+func helpIsDone(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
+}
+
 // healthcheck asks a server's grpc.health.v1 service and succeeds only on
-// SERVING: the probe for images without a shell.
+// SERVING, printed to out: the probe for images without a shell.
 func healthcheck(ctx context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("ratelimitd healthcheck", flag.ContinueOnError)
-	fs.SetOutput(out)
+	const cmd = "ratelimitd healthcheck"
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: ratelimitd healthcheck [flags]\n\nAsks a server's grpc.health.v1 service: SERVING on stdout and exit 0,\nelse the status or the error on stderr and exit 1.\n\nFlags:")
+		fs.PrintDefaults()
+	}
 	addr := fs.String("addr", "127.0.0.1:8081", "gRPC address of the server")
 	service := fs.String("service", "", "health service name (empty: the whole server)")
 	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
 	ca := fs.String("tls-ca", "", "PEM CA of the server's certificate: connect with TLS")
 	cert := fs.String("tls-cert", "", "PEM client certificate, for a server that requires one")
 	key := fs.String("tls-key", "", "PEM key of --tls-cert")
-	if err := fs.Parse(args); err != nil {
-		return err
+	if err := parseFlags(fs, cmd, args, out); err != nil {
+		return helpIsDone(err)
+	}
+	if fs.NArg() > 0 {
+		return usagef(cmd, "unexpected argument %q", fs.Arg(0))
 	}
 	creds := insecure.NewCredentials()
 	if *ca != "" {

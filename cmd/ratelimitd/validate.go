@@ -63,7 +63,7 @@ func (s *settings) validateRedis() error {
 		return errors.New("--redis-tls-* need rediss:// Redis URLs")
 	case s.redisURL == "" && s.journal == "on":
 		return errors.New("--charge-journal needs --redis-url: the in-memory store has no replica to confirm a charge and loses everything with the process")
-	case s.journalSize != 0 && s.journal == "off":
+	case s.journalSizeSet && s.journal == "off":
 		return errors.New("--charge-journal-size needs the charge journal (--charge-journal auto or on)")
 	}
 	return s.validateCarry()

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -31,12 +32,17 @@ func (s *Server) httpHandler() http.Handler {
 
 // handleJSON decides a protojson RateLimitRequest: 200 with the response
 // when OK, 429 when OVER_LIMIT, 400 for a malformed or invalid request,
-// 503 while no rules are loaded.
+// 413 for a body over MaxJSONBody, 503 while no rules are loaded.
 func (s *Server) handleJSON(w http.ResponseWriter, r *http.Request) {
 	buf := jsonBufs.Get().(*bytes.Buffer)
 	defer putJSONBuf(buf)
 	buf.Reset()
 	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, MaxJSONBody)); err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			http.Error(w, fmt.Sprintf("request body over the %d bytes (1 MiB) a /json request may have", MaxJSONBody), http.StatusRequestEntityTooLarge)
+			return
+		}
 		http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
 		return
 	}

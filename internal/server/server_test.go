@@ -51,7 +51,7 @@ func TestJSON(t *testing.T) {
 		{"malformed", "POST", "/json", `{"domain":`, 400, "invalid RateLimitRequest JSON"},
 		{"unknown field", "POST", "/json", `{"domian":"d"}`, 400, `unknown field "domian"`},
 		{"invalid", "POST", "/json", `{"domain":"d"}`, 400, "invalid request: descriptors must not be empty"},
-		{"too big", "POST", "/json", `{"domain":"` + strings.Repeat("x", MaxJSONBody) + `"}`, 400, "reading body"},
+		{"too big", "POST", "/json", `{"domain":"` + strings.Repeat("x", MaxJSONBody) + `"}`, 413, "over the 1048576 bytes (1 MiB) a /json request may have"},
 		{"get json", "GET", "/json", ``, 405, ""},
 		{"health", "GET", "/healthcheck", ``, 200, "OK"},
 		{"rules", "GET", "/rlconfig", ``, 200, "d.k: unit=hour requests_per_unit=1"},
