@@ -35,6 +35,12 @@ type RateLimit struct {
 	// from the store's counter (grants), never more than the limit in
 	// all; a store with one process decides it exactly.
 	Lease bool
+	// Global makes the limit one across regions: each instance decides it
+	// in process from grants drawn from the home Redis (--global-redis-url),
+	// which never hands out more than the limit in all; without a home it
+	// is an ordinary limit. A fixed window, neither leased nor a usage
+	// budget.
+	Global bool
 	// RejectedHits says what a refused call consumes; RejectedUnset
 	// defers to the service's --rejected-hits.
 	RejectedHits RejectedHits
@@ -49,7 +55,7 @@ type RateLimit struct {
 // windows of fixed length).
 func (l *RateLimit) CalendarEligible() bool {
 	return (l.Unit == UnitMonth || l.Unit == UnitYear) && l.UnitMultiplier <= 1 &&
-		l.Algorithm == AlgorithmFixedWindow && !l.Lease && !l.Unlimited
+		l.Algorithm == AlgorithmFixedWindow && !l.Lease && !l.Global && !l.Unlimited
 }
 
 // RejectedHits says what a refused call consumes of a limit.
@@ -300,6 +306,9 @@ func (s *Snapshot) Dump() string {
 				}
 				if l.Lease {
 					b.WriteString(" lease=true")
+				}
+				if l.Global {
+					b.WriteString(" global=true")
 				}
 			}
 			if l.Name != "" {

@@ -146,7 +146,7 @@ var (
 	RLQSFields       = []string{"descriptor_keys"}
 	DescriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric",
 		"value_to_metric", "share_threshold", "metadata", "failure_mode", "request_id"}
-	RateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst",
+	RateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "global",
 		"unit_multiplier", "lease", "rejected_hits", "calendar"}
 	ReplacesFields = []string{"name"}
 )

@@ -43,7 +43,26 @@ func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
 	if v, ok := f["replaces"]; ok {
 		p.replaces(v, path+".replaces", l)
 	}
+	if v, ok := f["global"]; ok {
+		p.global(v, path+".global", l)
+	}
 	return l
+}
+
+// global reads global: one limit across regions, drawn from the home
+// Redis as grants; a fixed window without lease or calendar, and not a
+// usage budget (a charge after the fact cannot come out of a grant yet).
+func (p *parser) global(v *yaml.Node, path string, l *RateLimit) {
+	l.Global = p.boolean(v, path)
+	switch {
+	case !l.Global:
+	case l.Unlimited:
+		p.errorf(v, path, "an unlimited rule has nothing to share across regions")
+	case l.Algorithm != AlgorithmFixedWindow || l.Lease || l.Calendar:
+		p.errorf(v, path, "global needs algorithm fixed_window, no lease and no calendar")
+	case l.RejectedHits == RejectedUsage:
+		p.errorf(v, path, "a usage budget cannot be global yet (set rejected_hits: nothing)")
+	}
 }
 
 // leaseAndRejected reads lease and rejected_hits, which exclude each

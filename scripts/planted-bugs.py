@@ -77,7 +77,7 @@ muts = [
     ("53 reservations not taken from the grant","internal/lease/store.go","\t\tg.avail -= r\n","\t\t_ = 0\n","./internal/lease","TestLeaseFleetNeverExceeds"),
     ("54 Cluster grants in one cross-slot call","internal/redisstore/grant.go","if s.cluster != nil && len(ops) > 1 {","if false {","./internal/redisstore","TestClusterLeases"),
     ("55 cold counters take single-hit grants","internal/lease/refill.go","if want < 2 || g.avail >= want ||","if want < 1 || g.avail >= want ||","./internal/lease","TestLeaseColdCounter"),
-    ("56 the service drops lease: true","internal/service/checks.go","Burst: it.burst, Lease: it.lease, Usage:","Burst: it.burst, Lease: false && it.lease, Usage:","./internal/service","TestLeasedRule"),
+    ("56 the service drops lease: true","internal/service/checks.go","Burst: it.burst, Lease: it.lease, Global:","Burst: it.burst, Lease: false && it.lease, Global:","./internal/service","TestLeasedRule"),
     ("57 lease: true not parsed","config/parselimit.go","\t\tl.Lease = p.boolean(v, path+\".lease\")","\t\t_ = p.boolean(v, path+\".lease\")","./config","TestAlgorithms"),
     ("58 a short grant refused instead of asked of Redis","internal/lease/store.go","\tp.toRedis(checks, i, g, hits-r)\n","\tp.results[i] = limit.Result{Over: true}\n","./cmd/ratelimitd","TestLeaseHolderKilled"),
     ("59 LIMIT_REMAINING_HEADER ignored","internal/incumbentenv/incumbentenv.go","{Name: \"LIMIT_REMAINING_HEADER\", Flag: \"response-header-remaining\"},","","./cmd/ratelimitd","TestEnvoyproxyEnvironment"),
@@ -383,7 +383,7 @@ muts = [
     ('361 a charge with no time to send not handed to the journal','internal/service/decide.go','if k, ok := s.store.(ChargeKeeper); ok && k.KeepCharges(checks) {','if k, ok := s.store.(ChargeKeeper); ok && false && k.KeepCharges(checks) {','./internal/service','TestHitsKeptByTheJournal'),
     ('362 a stopping instance does not hand its kept charges over','internal/redisstore/journal_round.go','\tdeadline := time.Now().Add(JournalHandoff)\n','\tdeadline := time.Now()\n','./cmd/ratelimitd','TestRollingUpdateKeepsCharges'),
     ('363 an RLQS failure revokes the tokens an Envoy holds','internal/rlqs/sizing.go','\tif b.holds(now) {\n\t\tb.wake = now.Add(time.Second)\n\t\treturn nil\n\t}\n','','./internal/rlqs','TestFailureKeepsHeldTokens'),
-    ("364 a room's collectors left off the registry /metrics serves","cmd/ratelimitd/metrics.go","rlqs: rlqs.NewMetrics(m.Registry), xds: xds.NewMetrics(m.Registry)}","rlqs: rlqs.NewMetrics(m.Registry), xds: nil}","./cmd/ratelimitd","TestMetricList"),
+    ("364 a room's collectors left off the registry /metrics serves","cmd/ratelimitd/metrics.go","xds: xds.NewMetrics(m.Registry), global:","xds: nil, global:","./cmd/ratelimitd","TestMetricList"),
     ("365 a flag's default changed, its documented default not","cmd/ratelimitd/settings.go",'fs.StringVar(&s.grpcAddr, "grpc-addr", ":8081",','fs.StringVar(&s.grpcAddr, "grpc-addr", ":8082",',"./cmd/ratelimitd","TestFlagTableDefaults"),
     ("366 the store imports the service's reports (record): a floor up","internal/redisstore/metrics.go",'import (\n\t"time"\n','import (\n\t"time"\n\n\t_ "github.com/ratelimitd/ratelimitd/internal/record"\n',"./internal/house","TestImportFloors"),
     ("367 a YAML error names yaml.v3's line, not the fault's","config/yamlerr.go","\treturn hi, msg\n","\treported, _ := strconv.Atoi(m[1])\n\t_ = hi\n\treturn reported, msg\n","./config","TestYAMLErrorLines"),
@@ -393,6 +393,10 @@ muts = [
     ("371 a /json body too large is a 400","internal/server/http.go","if errors.As(err, &tooLarge) {","if errors.As(err, &tooLarge) && false {","./internal/server","TestJSON"),
     ("372 the README shows an answer the service does not give","README.md",'"limitRemaining":998800','"limitRemaining":998000',"./cmd/ratelimitd","TestReadmeExamples"),
     ("373 the breaker opens at a short stall's first failed round trip","internal/redisstore/breaker.go","if b.open.Load() || b.fails < b.minFails || time.Since(b.failSince) < b.openAfter {","if b.open.Load() {","./internal/service","TestShortStallsKeepLimiting"),
+    ("374 the leases hide the charge journal from the service","internal/lease/store.go","\treturn ok && k.KeepCharges(checks)\n}\n\n// Grant is the Backend's","\treturn ok && k.KeepCharges(checks) && false\n}\n\n// Grant is the Backend's","./cmd/ratelimitd","TestAssembledStoreKeepsCharges"),
+    ("375 a global grant's validity counted from its answer, not from when it was asked","internal/global/refill.go","\te.validTill = start.Add(reset - margin)\n","\te.validTill = s.now().Add(reset - margin)\n","./internal/global","TestNeverOverAcrossRegions"),
+    ("376 a partitioned region's share is the whole limit","internal/global/decide.go","sc.Limit = uint64(math.Floor(float64(c.Limit) * s.opts.Share))","sc.Limit = uint64(math.Floor(float64(c.Limit) * 1))","./internal/global","TestPartitionShare"),
+    ("377 a global rule's checks not marked global","internal/service/plan.go","\tit.global = l.Global\n","\tit.global = false\n","./cmd/ratelimitd","TestGlobalRuleAcrossRegions"),
 ]
 only = sys.argv[1:]
 missed = 0

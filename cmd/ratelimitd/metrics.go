@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/ratelimitd/ratelimitd/internal/global"
 	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/metrics"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
@@ -13,15 +14,16 @@ import (
 // not the room runs, so the names a dashboard reads are always there.
 type allMetrics struct {
 	*metrics.Metrics
-	store *redisstore.Metrics
-	lease *lease.Metrics
-	rlqs  *rlqs.Metrics
-	xds   *xds.Metrics
+	store  *redisstore.Metrics
+	lease  *lease.Metrics
+	global *global.Metrics
+	rlqs   *rlqs.Metrics
+	xds    *xds.Metrics
 }
 
 // newMetrics registers every collector of the process.
 func newMetrics(version string) *allMetrics {
 	m := metrics.New(version)
 	return &allMetrics{Metrics: m, store: redisstore.NewMetrics(m.Registry), lease: lease.NewMetrics(m.Registry),
-		rlqs: rlqs.NewMetrics(m.Registry), xds: xds.NewMetrics(m.Registry)}
+		rlqs: rlqs.NewMetrics(m.Registry), xds: xds.NewMetrics(m.Registry), global: global.NewMetrics(m.Registry)}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/config"
+	"github.com/ratelimitd/ratelimitd/internal/global"
 	"github.com/ratelimitd/ratelimitd/internal/incumbentenv"
 	"github.com/ratelimitd/ratelimitd/internal/incumbentstats"
 	"github.com/ratelimitd/ratelimitd/internal/lease"
@@ -67,14 +68,18 @@ type settings struct {
 	grpcMaxMessage    byteSize
 	grpcMaxStreams    uint32
 	// The components' own options: what the flags set of them.
-	svc     service.Options
-	redis   redisstore.Options // Mode, Timeout, BreakerOpenAfter, Dispatchers
-	lease   lease.Options      // Interval
-	rlqsOn  bool
-	rlqs    rlqs.Options
-	tracing tracing.Options
-	xds     xdsSettings
-	stats   statsSettings
+	svc    service.Options
+	redis  redisstore.Options // Mode, Timeout, BreakerOpenAfter, Dispatchers
+	lease  lease.Options      // Interval
+	global global.Options     // Refresh, OutAfter, Share
+	// globalURL is the home Redis of global limits (--global-redis-url);
+	// globalPolicy its partition policy.
+	globalURL, globalPolicy string
+	rlqsOn                  bool
+	rlqs                    rlqs.Options
+	tracing                 tracing.Options
+	xds                     xdsSettings
+	stats                   statsSettings
 }
 
 // statsSettings are the flags of envoyproxy/ratelimit's stats under its
@@ -102,7 +107,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("ratelimitd", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.Usage = serverUsage(fs)
-	for _, add := range []func(*flag.FlagSet, *settings){rulesFlags, xdsFlags, redisFlags, serveFlags, decisionFlags, rlqsFlags, tracingFlags, statsFlags} {
+	for _, add := range []func(*flag.FlagSet, *settings){rulesFlags, xdsFlags, redisFlags, globalFlags, serveFlags, decisionFlags, rlqsFlags, tracingFlags, statsFlags} {
 		add(fs, s)
 	}
 	return fs
@@ -151,6 +156,16 @@ func redisFlags(fs *flag.FlagSet, s *settings) {
 	fs.Var(&s.journalSize, "charge-journal-size", "bytes the charge journal may hold (about 160 and the key a charge); past it the oldest unacknowledged charges are forgotten, counted")
 	fs.Var(positive(&s.lease.Interval, lease.DefaultInterval), "lease-interval", "how long a grant of a leased counter (lease: true) should last at its recent rate: longer means fewer Redis round trips and more hits held per instance")
 	fs.StringVar(&s.svc.KeyPrefix, "key-prefix", "", "prefix of every Redis key; changing it starts every counter afresh")
+}
+
+func globalFlags(fs *flag.FlagSet, s *settings) {
+	g := &s.global
+	fs.StringVar(&s.globalURL, "global-redis-url", "", "the home Redis of global limits (rate_limit.global: one limit across regions; docs/regions.md): each instance decides them in process from grants drawn from it ahead of need, never more than the limit over all regions; empty: global rules are ordinary ones")
+	fs.Var(positive(&g.Refresh, global.DefaultRefresh), "global-refresh", "how often grants of global limits are topped up, and how long what is held should last at the demand seen (plus the home's round trip)")
+	fs.StringVar(&s.globalPolicy, "global-partition", "deny", "once what is held is spent and the home Redis cannot be reached: deny (refuse: never over the limit) or share (decide in this region's Redis against --global-partition-share of the limit per window)")
+	fs.Float64Var(&g.Share, "global-partition-share", 0, "with --global-partition share: this region's share of each global limit while the home is out (0 to 1); all regions may then admit up to the limit plus the sum of their shares a window")
+	g.OutAfter = 2 * global.DefaultHomeTimeout
+	fs.Var(positive(&g.OutAfter, 2*global.DefaultHomeTimeout), "global-out-after", "how long calls to the home Redis must keep failing before --global-partition answers")
 }
 
 func serveFlags(fs *flag.FlagSet, s *settings) {
@@ -404,6 +419,9 @@ func (s *settings) finish() {
 	s.redis.JournalBytes = int(s.journalSize)
 	s.redis.ChargeJournal = s.journal == "on"
 	s.redis.ChargeJournalAuto = s.journal == "" || s.journal == "auto"
+	if s.globalPolicy == "share" {
+		s.global.Policy = global.Share
+	}
 }
 
 // flagOf names each component option a flag sets, for their errors.
@@ -412,8 +430,9 @@ var flagOf = map[string]string{
 	"service.HeaderNames.Reset": "--response-header-reset", "service.NearLimitRatio": "--near-limit-ratio",
 	"service.UsageTimeout": "--usage-timeout",
 	"redisstore.Mode":      "--redis-mode", "redisstore.Timeout": "--redis-timeout", "redisstore.BreakerOpenAfter": "--breaker-open-after",
-	"lease.Interval": "--lease-interval", "redisstore.JournalBytes": "--charge-journal-size",
-	"rlqs.MaxStreams": "--rlqs-max-streams", "rlqs.MaxBuckets": "--rlqs-max-buckets", "rlqs.Margin": "--rlqs-margin",
+	"lease.Interval": "--lease-interval", "global.Refresh": "--global-refresh", "global.Share": "--global-partition-share",
+	"redisstore.JournalBytes": "--charge-journal-size",
+	"rlqs.MaxStreams":         "--rlqs-max-streams", "rlqs.MaxBuckets": "--rlqs-max-buckets", "rlqs.Margin": "--rlqs-margin",
 	"rlqs.IdleAfter":   "--rlqs-idle-after",
 	"tracing.Protocol": "--tracing-protocol", "tracing.SamplingRate": "--tracing-sampling-rate",
 	"xds.MaxMessage": "--xds-max-message-size", "xds.BackoffInitial": "--xds-backoff-initial", "xds.BackoffMax": "--xds-backoff-max",

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/ratelimitd/ratelimitd/internal/global"
 	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/persecond"
@@ -47,7 +48,7 @@ func newStore(ctx context.Context, s *settings, tlsID *identity, tracer trace.Tr
 	lopts.Metrics, lopts.Timeout = m.lease, cmp.Or(opts.Timeout, redisstore.DefaultTimeout)
 	main := lease.New(rs, lopts)
 	if s.redisPerSecondURL == "" {
-		return main, func() { _ = main.Close(); _ = rs.Close() }, nil
+		return withGlobal(ctx, s, opts, m, log, main, func() { _ = main.Close(); _ = rs.Close() })
 	}
 	// The per-second Redis: the same mode, TLS files and timeouts; its
 	// password is its URL's.
@@ -59,12 +60,34 @@ func newStore(ctx context.Context, s *settings, tlsID *identity, tracer trace.Tr
 		return nil, nil, err
 	}
 	fastLeased := lease.New(fast, lopts)
-	return &persecond.Store{Main: main, PerSecond: fastLeased}, func() {
+	return withGlobal(ctx, s, opts, m, log, &persecond.Store{Main: main, PerSecond: fastLeased}, func() {
 		_ = fastLeased.Close()
 		_ = main.Close()
 		_ = fast.Close()
 		_ = rs.Close()
-	}, nil
+	})
+}
+
+// withGlobal wraps the region's store with global limits drawn from
+// --global-redis-url, when it is set: the home Redis is reached with the
+// region's mode, TLS files and password rules, its password its URL's.
+func withGlobal(ctx context.Context, s *settings, opts redisstore.Options, m *allMetrics, log *slog.Logger, local service.Store, closeLocal func()) (service.Store, func(), error) {
+	if s.globalURL == "" {
+		return local, closeLocal, nil
+	}
+	opts.URL, opts.Password, opts.Mode = s.globalURL, "", ""
+	opts.Timeout = global.DefaultHomeTimeout
+	opts.ChargeJournal, opts.ChargeJournalAuto, opts.CarryIncumbent = false, false, false
+	home, err := openRedis(ctx, opts, "--global-redis-url", log)
+	if err != nil {
+		closeLocal()
+		return nil, nil, err
+	}
+	gopts := s.global
+	gopts.Metrics, gopts.Logger = m.global, log
+	g := global.New(local, home, gopts)
+	log.Info("global limits drawn from the home Redis", "url", redisstore.Redact(s.globalURL), "refresh", gopts.Refresh, "partition", s.globalPolicy)
+	return g, func() { _ = g.Close(); _ = home.Close(); closeLocal() }, nil
 }
 
 // redisOptions are the store's options: the flags', the password (from

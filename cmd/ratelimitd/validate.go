@@ -13,10 +13,24 @@ import (
 // component's options, named by their flags.
 func (s *settings) validate() error {
 	for _, check := range []func() error{s.validateSources, s.validateRedis, s.validateServe, s.validateStats,
-		s.svc.Validate, s.redis.Validate, s.lease.Validate, s.rlqs.Validate, s.tracing.Validate, s.xds.opts.Validate, s.stats.opts.Validate} {
+		s.validateGlobal, s.svc.Validate, s.redis.Validate, s.lease.Validate, s.global.Validate, s.rlqs.Validate, s.tracing.Validate, s.xds.opts.Validate, s.stats.opts.Validate} {
 		if err := check(); err != nil {
 			return fielderr.Rename(err, flagOf)
 		}
+	}
+	return nil
+}
+
+func (s *settings) validateGlobal() error {
+	switch {
+	case s.globalPolicy != "deny" && s.globalPolicy != "share":
+		return fmt.Errorf("--global-partition %q: want deny or share", s.globalPolicy)
+	case s.globalPolicy == "share" && (s.global.Share <= 0 || s.global.Share > 1):
+		return fmt.Errorf("--global-partition share needs --global-partition-share above 0 and at most 1, got %v", s.global.Share)
+	case s.globalPolicy != "share" && s.global.Share != 0:
+		return errors.New("--global-partition-share needs --global-partition share")
+	case s.globalURL != "" && s.redisURL == "":
+		return errors.New("--global-redis-url needs --redis-url: the region's own Redis decides everything else, and the partition share")
 	}
 	return nil
 }

@@ -100,6 +100,19 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 	return s.b.Evaluate(ctx, checks)
 }
 
+// chargeKeeper keeps usage charges the caller had no time to send
+// (redisstore.Store, service.ChargeKeeper).
+type chargeKeeper interface {
+	KeepCharges(checks []limit.Check) bool
+}
+
+// KeepCharges is the Backend's, when it keeps charges: a usage charge is
+// never leased, so it is the Backend's to keep.
+func (s *Store) KeepCharges(checks []limit.Check) bool {
+	k, ok := s.b.(chargeKeeper)
+	return ok && k.KeepCharges(checks)
+}
+
 // Grant is the Backend's (RLQS takes its grants there).
 func (s *Store) Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error) {
 	return s.b.Grant(ctx, ops)

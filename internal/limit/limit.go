@@ -56,6 +56,10 @@ type Check struct {
 	// from the counter (see internal/lease); a store without leases
 	// decides it as any other.
 	Lease bool
+	// Global lets a store decide the check in process from grants drawn
+	// from the home store, one limit across regions (see
+	// internal/global); a store without one decides it as any other.
+	Global bool
 	// Usage marks a call on a rule that takes usage after the fact
 	// (rejected_hits: usage); Kind says which call it is. A charge's hits
 	// are recorded even when they cross the limit or the request is

@@ -91,3 +91,25 @@ func (s *Store) Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantRe
 	}
 	return out, nil
 }
+
+// KeepCharges hands each store the usage charges of its windows to keep
+// (service.ChargeKeeper), and reports whether any was kept.
+func (s *Store) KeepCharges(checks []limit.Check) bool {
+	mainIdx, fastIdx := split(len(checks), func(i int) int64 { return checks[i].WindowUS })
+	kept := false
+	for _, part := range []struct {
+		idx []int
+		e   Evaluator
+	}{{mainIdx, s.Main}, {fastIdx, s.PerSecond}} {
+		k, ok := part.e.(interface{ KeepCharges([]limit.Check) bool })
+		if !ok || len(part.idx) == 0 {
+			continue
+		}
+		sub := make([]limit.Check, len(part.idx))
+		for j, i := range part.idx {
+			sub[j] = checks[i]
+		}
+		kept = k.KeepCharges(sub) || kept
+	}
+	return kept
+}

@@ -97,11 +97,11 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item, sc *scr
 // are summed by the caller.
 func (s *Service) newCheck(domain string, ents []*rlcommon.RateLimitDescriptor_Entry, it *item, key string) limit.Check {
 	ch := limit.Check{Key: key, Limit: it.rpu, WindowUS: it.windowUS, NoVeto: it.shadow || it.quota,
-		Algorithm: it.algo, Burst: it.burst, Lease: it.lease, Usage: it.usage, Kind: it.ukind, Calendar: it.calendar, FlightS: s.flightS}
+		Algorithm: it.algo, Burst: it.burst, Lease: it.lease, Global: it.global, Usage: it.usage, Kind: it.ukind, Calendar: it.calendar, FlightS: s.flightS}
 	if it.usage && it.algo == limit.FixedWindow {
 		ch.PairID = it.pairID
 	}
-	if s.opts.CarryIncumbent && it.algo == limit.FixedWindow && it.calendar == limit.NoCalendar && it.mult <= 1 && !it.lease {
+	if s.opts.CarryIncumbent && it.algo == limit.FixedWindow && it.calendar == limit.NoCalendar && it.mult <= 1 && !it.lease && !it.global {
 		ch.Incumbent = s.incumbentKey(domain, ents, it)
 	}
 	return ch
@@ -116,6 +116,7 @@ func (s *Service) mergeCheck(ch *limit.Check, it *item) {
 	// and usage on a counter is never dropped with the request's other
 	// hits on it.
 	ch.Lease = ch.Lease && it.lease
+	ch.Global = ch.Global && it.global
 	ch.Usage = ch.Usage || it.usage
 	if ch.Kind != it.ukind {
 		// Two kinds of call on one counter: the summed hits decide, a

@@ -23,6 +23,7 @@ type item struct {
 	calendar limit.Calendar
 	burst    uint64
 	lease    bool
+	global   bool
 	mult     uint32
 	hits     uint64
 	refund   bool
@@ -183,6 +184,11 @@ func (s *Service) planRule(it *item, dom *config.Domain, r *config.Rule, ents []
 		it.lease = false
 	}
 	it.usage = it.usage && !it.lease
+	// A global limit is spent from grants drawn ahead: every call on it
+	// is a plain request, its stated hits consumed (a usage budget cannot
+	// be global: the parser refuses rejected_hits: usage on it).
+	it.global = l.Global
+	it.usage = it.usage && !it.global
 	if r.RequestID {
 		it.pairID = ents[len(ents)-1].GetValue()
 	}

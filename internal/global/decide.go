@@ -1,0 +1,201 @@
+package global
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+)
+
+// plan is one request's way through the store: the global checks decided
+// from what is held (res: the hits reserved), the rest sent to Local
+// (sub; idx says whose each is).
+type plan struct {
+	now     time.Time
+	results []limit.Result
+	res     []reservation
+	sub     []limit.Check
+	idx     []int
+	refused bool // a global check is short: the request is refused
+	short   bool
+}
+
+type reservation struct {
+	e    *entry
+	gen  uint64
+	hits uint64
+}
+
+func (p *plan) toLocal(i int, c limit.Check) {
+	p.sub, p.idx = append(p.sub, c), append(p.idx, i)
+}
+
+type decidedAtKey struct{}
+
+// WithDecidedAt returns ctx asking Evaluate to write into at the moment,
+// on the store's clock, it decided the request's global checks: a grant
+// is used only inside its window, so that moment says which window an
+// admission counts in (the fleet tests and benchmark count by it).
+func WithDecidedAt(ctx context.Context, at *time.Time) context.Context {
+	return context.WithValue(ctx, decidedAtKey{}, at)
+}
+
+// Evaluate decides checks, all or nothing: the global ones from what is
+// held (no call to the home), the others in Local, and what is held is
+// spent only if Local admits too.
+func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
+	global := false
+	for i := range checks {
+		global = global || checks[i].Global
+	}
+	if !global {
+		return s.local.Evaluate(ctx, checks)
+	}
+	p := plan{results: make([]limit.Result, len(checks))}
+	s.mu.Lock()
+	p.now = s.now()
+	if at, ok := ctx.Value(decidedAtKey{}).(*time.Time); ok {
+		*at = p.now
+	}
+	for i := range checks {
+		if checks[i].Global {
+			s.reserve(&p, checks, i)
+		} else {
+			p.toLocal(i, checks[i])
+		}
+	}
+	s.mu.Unlock()
+	if p.short {
+		s.kick()
+	}
+	if p.refused {
+		// Refused here: the others are read, not consumed (charges and
+		// refunds apply whatever the decision), as a refusal the local
+		// cache knows.
+		s.putBack(&p)
+		for j := range p.sub {
+			if c := &p.sub[j]; !c.Refund && !c.Charge() {
+				c.Hits, c.Usage, c.Kind = 0, false, limit.ByHits
+			}
+		}
+	}
+	if len(p.sub) == 0 {
+		return p.results, nil
+	}
+	got, err := s.local.Evaluate(ctx, p.sub)
+	if err != nil {
+		s.putBack(&p)
+		return nil, err
+	}
+	admitted := !p.refused
+	for j, i := range p.idx {
+		p.results[i] = got[j]
+		if got[j].Over && !p.sub[j].NoVeto && !p.sub[j].Refund {
+			admitted = false
+		}
+	}
+	if !admitted && !p.refused {
+		s.putBack(&p)
+	}
+	return p.results, nil
+}
+
+// reserve decides global check i from what is held, or leaves it to the
+// partition share, or refuses it. Called with mu held.
+func (s *Store) reserve(p *plan, checks []limit.Check, i int) {
+	c := &checks[i]
+	e := s.entry(c, p.now)
+	if e == nil {
+		p.results[i] = limit.Result{Over: true, ResetUS: s.opts.Refresh.Microseconds()}
+		p.refused = p.refused || !c.NoVeto
+		return
+	}
+	valid := p.now.Before(e.validTill)
+	hits := c.SaturatedHits()
+	switch {
+	case c.Refund:
+		// What this process used of its grants goes back to them; a
+		// refund beyond that has nothing here to return to.
+		if valid {
+			k := min(e.used, hits)
+			e.used -= k
+			e.avail += k
+		}
+		p.results[i] = s.answer(e, p.now)
+		return
+	case hits == 0:
+		p.results[i] = s.answer(e, p.now)
+		return
+	}
+	e.asked += hits
+	if valid && e.avail >= hits {
+		e.avail -= hits
+		e.used += hits
+		p.res = append(p.res, reservation{e, e.gen, hits})
+		p.results[i] = s.answer(e, p.now)
+		s.m.request("local")
+		return
+	}
+	p.short = true
+	if s.out && s.opts.Policy == Share {
+		sc := *c
+		sc.Global = false
+		sc.Key = "gshare|" + c.Key
+		sc.Limit = uint64(math.Floor(float64(c.Limit) * s.opts.Share))
+		p.toLocal(i, sc)
+		s.m.request("shared")
+		return
+	}
+	r := limit.Result{Over: true}
+	if e.resetAt.After(p.now) {
+		r.ResetUS = e.resetAt.Sub(p.now).Microseconds()
+	}
+	if !p.now.Before(e.dryUntil) || s.out {
+		// Not spent at the home, as far as is known: a retry after the
+		// next top-up may pass.
+		r.ResetUS = min(max(r.ResetUS, 0), s.opts.Refresh.Microseconds())
+	}
+	p.results[i] = r
+	p.refused = p.refused || !c.NoVeto
+	s.m.request("short")
+}
+
+// putBack returns a refused request's reservations to their grants.
+func (s *Store) putBack(p *plan) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range p.res {
+		if r.e.gen == r.gen {
+			r.e.avail += r.hits
+			r.e.used -= r.hits
+		} else {
+			s.m.hits("lost", r.hits) // its window ended meanwhile
+		}
+	}
+	p.res = nil
+}
+
+// entry returns c's counter's entry, made on first use; nil when the
+// store holds too many. Called with mu held.
+func (s *Store) entry(c *limit.Check, now time.Time) *entry {
+	e := s.entries[c.Key]
+	if e == nil {
+		if len(s.entries) >= maxEntries {
+			return nil
+		}
+		e = &entry{check: *c, rateFrom: now, remaining: c.Limit}
+		e.check.Hits, e.check.Refund, e.check.Global = 0, false, false
+		s.entries[c.Key] = e
+		s.kick()
+	}
+	e.lastUse = now
+	return e
+}
+
+// answer is a global check's result decided here: the best known
+// remaining (the home's, plus what is held here; other instances hold
+// some too) and the reset.
+func (s *Store) answer(e *entry, now time.Time) limit.Result {
+	return limit.Result{Remaining: e.remaining + e.avail, ResetUS: max(0, e.resetAt.Sub(now).Microseconds())}
+}

@@ -1,0 +1,206 @@
+// Package global makes a limit one across regions (rate_limit.global,
+// docs/regions.md). Each region runs its instances and its Redis; one
+// Redis, the home, holds the counter of every global limit. An instance
+// never asks the home on a request's path: it decides a global check in
+// process from hits it holds, drawn from the home counter ahead of need
+// as grants (redisstore's grant.lua: never more than remains in the
+// window), topped up in the background by the demand it sees, given back
+// when idle. The grants of a window add up to at most the limit, and a
+// grant is used only inside the window it was drawn in, so all regions
+// together never admit more than the limit. While the home cannot be
+// reached, what is held is spent, then the partition policy answers:
+// deny (the bound holds), or a static share of the limit decided in the
+// region's own store (the overshoot is at most the shares' sum).
+package global
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/fielderr"
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+)
+
+// Home is the store grants are drawn from (redisstore.Store on the home
+// Redis).
+type Home interface {
+	// GrantWithin takes and gives back grants within ctx's deadline.
+	GrantWithin(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error)
+}
+
+// Local is the region's store: it decides everything but the global
+// checks, and a global check's partition share.
+type Local interface {
+	Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error)
+}
+
+// Policy is what answers a global check once what is held is spent and
+// the home cannot be reached.
+type Policy uint8
+
+// The partition policies.
+const (
+	// Deny refuses: no region admits more than it was granted.
+	Deny Policy = iota
+	// Share decides the check in the region's own store against
+	// Options.Share of the limit, per window.
+	Share
+)
+
+// Options configures a [Store].
+type Options struct {
+	// Refresh is how often grants are topped up, and how long what is
+	// held should last at the demand seen (with the home's round trip);
+	// zero means DefaultRefresh.
+	Refresh time.Duration
+	// HomeTimeout bounds a call to the home; zero means
+	// DefaultHomeTimeout.
+	HomeTimeout time.Duration
+	// OutAfter is how long calls to the home must keep failing before it
+	// counts as out and Policy answers; zero means 2 × HomeTimeout.
+	OutAfter time.Duration
+	// Policy and Share: the partition policy.
+	Policy Policy
+	Share  float64
+	// Metrics receives the counts; nil records nothing.
+	Metrics *Metrics
+	// Logger says when the home goes out and comes back; nil discards.
+	Logger *slog.Logger
+	// Now is the clock of grants (a test's); nil means time.Now.
+	Now func() time.Time
+}
+
+// Defaults of [Options].
+const (
+	DefaultRefresh     = 250 * time.Millisecond
+	DefaultHomeTimeout = 2 * time.Second
+)
+
+// Validate refuses options no store can run with.
+func (o Options) Validate() error {
+	switch {
+	case o.Refresh < 0 || o.Refresh > time.Minute:
+		return fielderr.Errorf("global", "Refresh", "%v: want from 1ms to 1m", o.Refresh)
+	case o.Policy == Share && (o.Share <= 0 || o.Share > 1):
+		return fielderr.Errorf("global", "Share", "%v: want a share above 0 and at most 1", o.Share)
+	case o.Policy > Share:
+		return fielderr.Errorf("global", "Policy", "%d: want deny or share", o.Policy)
+	}
+	return nil
+}
+
+// Store decides global checks from grants and the rest in Local. It is
+// safe for concurrent use.
+type Store struct {
+	local Local
+	home  Home
+	opts  Options
+	now   func() time.Time
+	log   *slog.Logger
+	m     *Metrics
+
+	mu      sync.Mutex
+	entries map[string]*entry
+	// failingSince is when calls to the home began failing (zero while
+	// they succeed); out says the home counts as out.
+	failingSince time.Time
+	out          bool
+	rtt          time.Duration // the home's round trip, smoothed
+	nextEnd      time.Time     // the earliest a held grant stops being valid
+
+	wake chan struct{}
+	stop chan struct{}
+	wg   sync.WaitGroup
+	once sync.Once
+}
+
+// New wraps local with global limits drawn from home and starts the
+// refiller, until Close.
+func New(local Local, home Home, opts Options) *Store {
+	if opts.Refresh == 0 {
+		opts.Refresh = DefaultRefresh
+	}
+	if opts.HomeTimeout == 0 {
+		opts.HomeTimeout = DefaultHomeTimeout
+	}
+	if opts.OutAfter == 0 {
+		opts.OutAfter = 2 * opts.HomeTimeout
+	}
+	s := &Store{local: local, home: home, opts: opts, now: opts.Now, log: opts.Logger, m: opts.Metrics,
+		entries: map[string]*entry{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.wg.Go(s.run)
+	return s
+}
+
+// KeepCharges is Local's, when it keeps the usage charges a caller had
+// no time to send (service.ChargeKeeper): a global check is never one.
+func (s *Store) KeepCharges(checks []limit.Check) bool {
+	k, ok := s.local.(interface{ KeepCharges([]limit.Check) bool })
+	return ok && k.KeepCharges(checks)
+}
+
+// Grant is Local's, when it grants (RLQS takes its grants there).
+func (s *Store) Grant(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error) {
+	g, ok := s.local.(interface {
+		Grant(context.Context, []limit.GrantOp) ([]limit.GrantResult, error)
+	})
+	if !ok {
+		return nil, fmt.Errorf("global: %T cannot grant", s.local)
+	}
+	return g.Grant(ctx, ops)
+}
+
+// Close stops the refiller and gives back what is held, once. It does
+// not close Local or Home.
+func (s *Store) Close() error {
+	s.once.Do(func() {
+		close(s.stop)
+		s.wg.Wait()
+		s.pass(true)
+	})
+	return nil
+}
+
+// maxEntries bounds the counters a store holds grants of: beyond it a
+// global check is refused (deciding it elsewhere would break the bound).
+const maxEntries = 100_000
+
+// margin is how long before its window ends, on this clock, a grant stops
+// being used: the drift between this clock and the home's over a window.
+const margin = 2 * time.Millisecond
+
+// entry is what the store holds of one global counter.
+type entry struct {
+	check     limit.Check // the counter; Hits unused
+	avail     uint64      // hits held, not yet used
+	used      uint64      // hits of the held grants used: what a refund may give back
+	gen       uint64      // changes when the held hits are replaced
+	validTill time.Time   // the held hits are not used from then on
+	windowEnd int64       // on the home's clock: what a give-back names
+	remaining uint64      // the home counter's remaining, last heard
+	resetAt   time.Time   // when the window ends, on this clock
+	dryUntil  time.Time   // nothing to draw until then
+
+	asked    uint64 // hits asked since rateFrom
+	rateFrom time.Time
+	rate     float64 // hits a second, smoothed
+	lastUse  time.Time
+	inFlight bool
+}
+
+// kick wakes the refiller.
+func (s *Store) kick() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,65 @@
+package global
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the global limits' collectors. A nil *Metrics records
+// nothing.
+type Metrics struct {
+	Requests *prometheus.CounterVec
+	Grants   *prometheus.CounterVec
+	Hits     *prometheus.CounterVec
+	HomeOut  prometheus.Gauge
+}
+
+// NewMetrics makes the global limits' collectors and registers them on
+// reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_global_requests_total",
+			Help: "Global checks (rate_limit.global) by how they were decided: local (from hits held, drawn from the home Redis), short (refused: too little held; not the limit's verdict when the home has more), shared (the home out: decided in this region's store against its share, --global-partition-share).",
+		}, []string{"how"}),
+		Grants: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_global_grants_total",
+			Help: "Draws from the home Redis by result: taken, empty (nothing remained), failed (the home did not answer), returned (a give-back).",
+		}, []string{"result"}),
+		Hits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_global_hits_total",
+			Help: "Hits of global limits drawn from the home: granted, given_back (unused, returned in their window), lost (unused when their window ended, or not returned).",
+		}, []string{"what"}),
+		HomeOut: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratelimitd_global_home_out",
+			Help: "1 while the home Redis counts as out (its calls failing for --global-out-after): global checks beyond what is held follow --global-partition.",
+		}),
+	}
+	reg.MustRegister(m.Requests, m.Grants, m.Hits, m.HomeOut)
+	return m
+}
+
+func (m *Metrics) request(how string) {
+	if m != nil {
+		m.Requests.WithLabelValues(how).Inc()
+	}
+}
+
+func (m *Metrics) grant(result string) {
+	if m != nil {
+		m.Grants.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *Metrics) hits(what string, n uint64) {
+	if m != nil && n > 0 {
+		m.Hits.WithLabelValues(what).Add(float64(n))
+	}
+}
+
+func (m *Metrics) setOut(out bool) {
+	if m != nil {
+		v := 0.0
+		if out {
+			v = 1
+		}
+		m.HomeOut.Set(v)
+	}
+}

@@ -1,0 +1,233 @@
+package global
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+)
+
+// fairShare is the most of what remains at the home one draw may take:
+// an instance cannot know how many others draw on the counter, so it
+// never takes more than 1/fairShare of the rest, and draws shrink as the
+// window's budget runs out.
+const fairShare = 4
+
+// run tops grants up every half refresh, as a window ends (the next
+// window's draws then leave at once: what the last one held is void),
+// and when a request found too little, until Close.
+func (s *Store) run() {
+	tick := time.NewTicker(max(s.opts.Refresh/2, time.Millisecond))
+	defer tick.Stop()
+	windowEnd := time.NewTimer(time.Hour)
+	defer windowEnd.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-tick.C:
+		case <-s.wake:
+		case <-windowEnd.C:
+		}
+		s.pass(false)
+		s.mu.Lock()
+		next := s.nextEnd
+		s.mu.Unlock()
+		if d := next.Sub(s.now()); !next.IsZero() && d < s.opts.Refresh/2 {
+			windowEnd.Reset(max(d, 0))
+		}
+	}
+}
+
+// pass makes one round of draws and give-backs, in one call to the home.
+// With all, everything held is given back (Close).
+func (s *Store) pass(all bool) {
+	s.mu.Lock()
+	now := s.now()
+	ops, es := s.passOps(now, all)
+	s.mu.Unlock()
+	if len(ops) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.HomeTimeout)
+	start := s.now()
+	out, err := s.home.GrantWithin(ctx, ops)
+	cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.homeAnswered(err, start)
+	for i, e := range es {
+		e.inFlight = false
+		switch {
+		case err != nil:
+			if ops[i].GiveBack {
+				if all {
+					s.m.hits("lost", ops[i].Check.Hits)
+				} else {
+					e.avail += ops[i].Check.Hits // the next pass tries again
+				}
+			} else {
+				s.m.grant("failed")
+			}
+		case ops[i].GiveBack:
+			s.m.hits("given_back", out[i].Hits)
+			s.m.hits("lost", ops[i].Check.Hits-out[i].Hits)
+			s.m.grant("returned")
+			if !all && e.avail == 0 && s.now().Sub(e.lastUse) > max(time.Second, 4*s.opts.Refresh) {
+				delete(s.entries, e.check.Key)
+			}
+		default:
+			s.granted(e, out[i], start)
+		}
+	}
+}
+
+// homeAnswered keeps the home's state: its round trip, and whether it
+// counts as out (calls failing for OutAfter). Called with mu held.
+func (s *Store) homeAnswered(err error, start time.Time) {
+	now := s.now()
+	if err == nil {
+		rtt := now.Sub(start)
+		if s.rtt == 0 {
+			s.rtt = rtt
+		} else {
+			s.rtt = (3*s.rtt + rtt) / 4
+		}
+		s.failingSince = time.Time{}
+		if s.out {
+			s.out = false
+			s.m.setOut(false)
+			s.log.Info("global: the home Redis answers again; global limits are drawn from it")
+		}
+		return
+	}
+	if s.failingSince.IsZero() {
+		s.failingSince = start
+	}
+	if !s.out && now.Sub(s.failingSince) >= s.opts.OutAfter {
+		s.out = true
+		s.m.setOut(true)
+		policy := "deny: global checks beyond what is held are refused"
+		if s.opts.Policy == Share {
+			policy = "share: global checks beyond what is held are decided in this region against its share"
+		}
+		s.log.Error("global: the home Redis cannot be reached; spending what is held, then "+policy, "failing_for", now.Sub(s.failingSince), "err", err)
+	}
+}
+
+// passOps returns the draws and give-backs due, their entries marked in
+// flight. Called with mu held.
+func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*entry) {
+	idleAfter := max(time.Second, 4*s.opts.Refresh)
+	lead := s.opts.Refresh + s.rtt
+	s.nextEnd = time.Time{}
+	for k, e := range s.entries {
+		if e.validTill.After(now) && (s.nextEnd.IsZero() || e.validTill.Before(s.nextEnd)) {
+			s.nextEnd = e.validTill
+		}
+		if e.inFlight {
+			continue
+		}
+		s.measure(e, now)
+		if e.avail > 0 && !now.Before(e.validTill) {
+			// The window ended, as far as this clock can tell: its hits
+			// can be used in no other, nor given back.
+			s.m.hits("lost", e.avail)
+			e.avail, e.used = 0, 0
+			e.gen++
+		}
+		idle := now.Sub(e.lastUse) > idleAfter
+		switch {
+		case e.avail > 0 && (all || idle):
+			ops = append(ops, limit.GrantOp{Check: withHits(e.check, e.avail), GiveBack: true, WindowEndUS: e.windowEnd})
+			es = append(es, e)
+			e.avail, e.used, e.inFlight = 0, 0, true
+			e.gen++
+		case all:
+		case idle:
+			delete(s.entries, k)
+		default:
+			if n := s.drawSize(e, now, lead); n > 0 {
+				ops = append(ops, limit.GrantOp{Check: withHits(e.check, n)})
+				es = append(es, e)
+				e.inFlight = true
+			}
+		}
+	}
+	return ops, es
+}
+
+// drawSize is how many hits to draw for e now: enough to hold one to two
+// leads (the refresh and the home's round trip) at the demand seen,
+// never more than 1/fairShare of what remains, and none while the
+// counter is dry or what is held covers a lead.
+func (s *Store) drawSize(e *entry, now time.Time, lead time.Duration) uint64 {
+	if now.Before(e.dryUntil) {
+		return 0
+	}
+	if !now.Before(e.resetAt) {
+		e.remaining = e.check.Limit // a new window: what it holds is not known yet
+	}
+	want := uint64(math.Ceil(e.rate * lead.Seconds()))
+	want = max(want, e.asked, 1) // a new counter: what it was asked so far
+	if now.Before(e.validTill) && e.avail >= want {
+		return 0
+	}
+	n := 2*want - min(e.avail, 2*want)
+	if cap := e.remaining / fairShare; n > cap {
+		n = max(cap, min(n, e.remaining, 1))
+	}
+	return n
+}
+
+// granted takes a draw's answer in: the hits held, until when they may be
+// used (on this clock, from when the call was sent), and what the home
+// counter has left. Called with mu held.
+func (s *Store) granted(e *entry, r limit.GrantResult, start time.Time) {
+	s.m.hits("granted", r.Hits)
+	if r.Hits == 0 {
+		s.m.grant("empty")
+	} else {
+		s.m.grant("taken")
+	}
+	reset := time.Duration(r.ResetUS) * time.Microsecond
+	if r.WindowEndUS != e.windowEnd {
+		if e.avail > 0 {
+			s.m.hits("lost", e.avail)
+		}
+		e.avail, e.used = 0, 0
+		e.gen++
+	}
+	e.windowEnd = r.WindowEndUS
+	// The script ran after start: the window ends no sooner than this on
+	// this clock.
+	e.validTill = start.Add(reset - margin)
+	e.avail += r.Hits
+	e.remaining = r.Remaining
+	e.resetAt = start.Add(reset)
+	if r.Remaining == 0 {
+		e.dryUntil = e.resetAt
+	}
+}
+
+// measure updates e's demand from what was asked of it since the last
+// pass. Called with mu held.
+func (s *Store) measure(e *entry, now time.Time) {
+	el := now.Sub(e.rateFrom)
+	if el < s.opts.Refresh/4 {
+		return
+	}
+	inst := float64(e.asked) / el.Seconds()
+	if e.rate == 0 {
+		e.rate = inst
+	} else {
+		e.rate = (e.rate + inst) / 2
+	}
+	e.asked, e.rateFrom = 0, now
+}
+
+func withHits(c limit.Check, n uint64) limit.Check {
+	c.Hits = n
+	return c
+}
