@@ -18,7 +18,7 @@ type plan struct {
 	sub     []limit.Check
 	idx     []int
 	refused bool // a global check is short: the request is refused
-	short   bool
+	short   bool // a grant is short, or soon will be: wake the refiller
 }
 
 type reservation struct {
@@ -135,6 +135,11 @@ func (s *Store) reserve(p *plan, checks []limit.Check, i int) {
 		p.res = append(p.res, reservation{e, e.gen, hits})
 		p.results[i] = s.answer(e, p.now)
 		s.m.request("local")
+		// Below a lead's worth at the demand seen: top up now, not at
+		// the next tick, so the draw lands before what is held runs out.
+		if float64(e.avail) < e.rate*(s.opts.Refresh+s.rtt).Seconds() {
+			p.short = true
+		}
 		return
 	}
 	p.short = true

@@ -30,7 +30,7 @@ type region struct {
 
 // newWorld starts a home and n regions of k instances, each region's
 // WAN with the round trip rtt(i) and jitter.
-func newWorld(t *testing.T, n, k int, rtt func(i int) time.Duration, jitter time.Duration, opts global.Options) *world {
+func newWorld(t testing.TB, n, k int, rtt func(i int) time.Duration, jitter time.Duration, opts global.Options) *world {
 	t.Helper()
 	w := &world{home: redistest.Start(t)}
 	for i := range n {
@@ -53,6 +53,22 @@ func newWorld(t *testing.T, n, k int, rtt func(i int) time.Duration, jitter time
 		w.regions = append(w.regions, r)
 	}
 	return w
+}
+
+// close stops every instance's refiller (the Redis servers stop with the
+// test).
+func (w *world) close() {
+	for _, r := range w.regions {
+		for _, g := range r.instances {
+			g.Close()
+		}
+	}
+}
+
+// newBenchWorld is the scenario of the issue: three regions of two
+// instances, 150 ms round trips to the home with 10 ms of jitter.
+func newBenchWorld(tb testing.TB, opts global.Options) *world {
+	return newWorld(tb, 3, 2, func(int) time.Duration { return 150 * time.Millisecond }, 10*time.Millisecond, opts)
 }
 
 // tally counts admissions per window, on the machine's clock, which is
@@ -100,26 +116,31 @@ func drive(w *world, c limit.Check, rate float64, share []float64, tl *tally, st
 			continue
 		}
 		for ii, g := range r.instances {
-			wg.Go(func() {
-				rng := rand.New(rand.NewPCG(uint64(ri), uint64(ii)))
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(time.Duration(rng.ExpFloat64() / per * float64(time.Second))):
-					}
-					start := time.Now()
-					var at time.Time
-					res, err := g.Evaluate(global.WithDecidedAt(context.Background(), &at), []limit.Check{c})
-					// An admission counts in the window it was decided
-					// in, by the store's clock: the machine's, which is
-					// the home Redis's too.
-					tl.add(at, ri, err == nil && !res[0].Over, time.Since(start))
-				}
-			})
+			driveOne(&wg, g, ri, uint64(ii), c, per, tl, stop)
 		}
 	}
 	return &wg
+}
+
+// driveOne offers per requests a second to g, of region ri, until stop.
+func driveOne(wg *sync.WaitGroup, g *global.Store, ri int, seed uint64, c limit.Check, per float64, tl *tally, stop <-chan struct{}) {
+	wg.Go(func() {
+		rng := rand.New(rand.NewPCG(uint64(ri), seed))
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(rng.ExpFloat64() / per * float64(time.Second))):
+			}
+			start := time.Now()
+			var at time.Time
+			res, err := g.Evaluate(global.WithDecidedAt(context.Background(), &at), []limit.Check{c})
+			// An admission counts in the window it was decided in, by
+			// the store's clock: the machine's, which is the home
+			// Redis's too.
+			tl.add(at, ri, err == nil && !res[0].Over, time.Since(start))
+		}
+	})
 }
 
 // TestNeverOverAcrossRegions: three regions of two instances, round trips
@@ -175,6 +196,44 @@ func TestNeverOverAcrossRegions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNeverOverJoiningAndLeaving: at 3x the limit, an instance leaves
+// (its driver stops, it closes and gives back what it held) and another
+// joins another region mid-window: no window admits more than the limit.
+func TestNeverOverJoiningAndLeaving(t *testing.T) {
+	const windowUS, lim = 1_000_000, 100
+	opts := global.Options{Refresh: 100 * time.Millisecond, HomeTimeout: 500 * time.Millisecond}
+	w := newWorld(t, 3, 2, func(i int) time.Duration { return time.Duration(30+40*i) * time.Millisecond }, 10*time.Millisecond, opts)
+	c := limit.Check{Key: "g:join", Limit: lim, WindowUS: windowUS, Hits: 1, Global: true}
+	tl := newTally(windowUS, 3)
+	stop := make(chan struct{})
+	wg := drive(w, c, 2*lim, []float64{0.5, 0.25, 0.25}, tl, stop)
+	leaving, stopLeaving := w.regions[0].instances[0], make(chan struct{})
+	var lwg sync.WaitGroup
+	driveOne(&lwg, leaving, 0, 99, c, lim, tl, stopLeaving)
+	time.Sleep(1700 * time.Millisecond)
+	close(stopLeaving)
+	lwg.Wait()
+	leaving.Close()
+	home, err := redisstore.New(redisstore.Options{URL: w.regions[2].wan.URL(), Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	joining := global.New(w.regions[2].local, home, opts)
+	t.Cleanup(func() { joining.Close(); home.Close() })
+	driveOne(wg, joining, 2, 98, c, lim, tl, stop)
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	for win, n := range tl.admitted {
+		if n > lim {
+			t.Errorf("window %d: %d admitted (by region %v), over the limit %d", win, n, tl.byRegion[win], lim)
+		}
+	}
+	t.Logf("admitted by window and region: %v", tl.byRegion)
 }
 
 // TestRefusalConsumesNothing: a request whose global check finds too

@@ -8,6 +8,12 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
+// afterEnd is how long after a window's end, as this clock has it, the
+// next window's draws leave: that end is early by the one-way trip of
+// the draw that learned it, so a draw leaving then lands at the home as
+// its window turns.
+const afterEnd = 5 * time.Millisecond
+
 // fairShare is the most of what remains at the home one draw may take:
 // an instance cannot know how many others draw on the counter, so it
 // never takes more than 1/fairShare of the rest, and draws shrink as the
@@ -16,7 +22,7 @@ const fairShare = 4
 
 // run tops grants up every half refresh, as a window ends (the next
 // window's draws then leave at once: what the last one held is void),
-// and when a request found too little, until Close.
+// and when a request found too little or soon will, until Close.
 func (s *Store) run() {
 	tick := time.NewTicker(max(s.opts.Refresh/2, time.Millisecond))
 	defer tick.Stop()
@@ -123,8 +129,8 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 	lead := s.opts.Refresh + s.rtt
 	s.nextEnd = time.Time{}
 	for k, e := range s.entries {
-		if e.validTill.After(now) && (s.nextEnd.IsZero() || e.validTill.Before(s.nextEnd)) {
-			s.nextEnd = e.validTill
+		if next := e.resetAt.Add(afterEnd); next.After(now) && (s.nextEnd.IsZero() || next.Before(s.nextEnd)) {
+			s.nextEnd = next
 		}
 		if e.inFlight {
 			continue
@@ -159,22 +165,31 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 }
 
 // drawSize is how many hits to draw for e now: enough to hold one to two
-// leads (the refresh and the home's round trip) at the demand seen,
-// never more than 1/fairShare of what remains, and none while the
-// counter is dry or what is held covers a lead.
+// leads (the refresh and the home's round trip) at the demand seen, but
+// no more than the rest of the window would use (hits held when it ends
+// are lost to every region); never more than 1/fairShare of what
+// remains, and none while the counter is dry or what is held covers a
+// lead.
 func (s *Store) drawSize(e *entry, now time.Time, lead time.Duration) uint64 {
 	if now.Before(e.dryUntil) {
 		return 0
 	}
-	if !now.Before(e.resetAt) {
+	if !now.Before(e.validTill) && now.Before(e.resetAt.Add(afterEnd)) {
+		return 0 // the window's tail: a draw would land in it, and be void
+	}
+	span := 2 * lead
+	if now.Before(e.resetAt) {
+		span = min(span, e.resetAt.Sub(now))
+	} else {
 		e.remaining = e.check.Limit // a new window: what it holds is not known yet
 	}
-	want := uint64(math.Ceil(e.rate * lead.Seconds()))
+	want := uint64(math.Ceil(e.rate * min(lead, span).Seconds()))
 	want = max(want, e.asked, 1) // a new counter: what it was asked so far
 	if now.Before(e.validTill) && e.avail >= want {
 		return 0
 	}
-	n := 2*want - min(e.avail, 2*want)
+	target := max(uint64(math.Ceil(e.rate*span.Seconds())), want)
+	n := target - min(e.avail, target)
 	if cap := e.remaining / fairShare; n > cap {
 		n = max(cap, min(n, e.remaining, 1))
 	}

@@ -276,3 +276,18 @@ func TestManualsUndated(t *testing.T) {
 		}
 	}
 }
+
+// TestManualLengths: the manuals that grew into notebooks once stay
+// manuals: docs/BENCHMARKS.md at most 3,500 words, docs/TESTING.md at
+// most 2,000.
+func TestManualLengths(t *testing.T) {
+	for doc, most := range map[string]int{"docs/BENCHMARKS.md": 3500, "docs/TESTING.md": 2000} {
+		data, err := os.ReadFile(filepath.Join(root, doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(strings.Fields(string(data))); n > most {
+			t.Errorf("%s: %d words, over %d: what was tried goes in commit messages", doc, n, most)
+		}
+	}
+}
