@@ -397,6 +397,7 @@ muts = [
     ("375 a global grant's validity counted from its answer, not from when it was asked","internal/global/refill.go","\te.validTill = start.Add(reset - margin)\n","\te.validTill = s.now().Add(reset - margin)\n","./internal/global","TestNeverOverAcrossRegions"),
     ("376 a partitioned region's share is the whole limit","internal/global/decide.go","sc.Limit = uint64(math.Floor(float64(c.Limit) * s.opts.Share))","sc.Limit = uint64(math.Floor(float64(c.Limit) * 1))","./internal/global","TestPartitionShare"),
     ("377 a global rule's checks not marked global","internal/service/plan.go","\tit.global = l.Global\n","\tit.global = false\n","./cmd/ratelimitd","TestGlobalRuleAcrossRegions"),
+    ("378 a RateLimitConfig policy named global/... not global","internal/xds/xds.go","l.Global = strings.HasPrefix(p.GetName(), GlobalNamePrefix) && !l.Unlimited","l.Global = false && strings.HasPrefix(p.GetName(), GlobalNamePrefix)","./internal/xds","TestRenderMatchesFile"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -321,11 +321,17 @@ type (
 		Unlimited       bool          `yaml:"unlimited,omitempty"`
 		Name            string        `yaml:"name,omitempty"`
 		Replaces        []yamlReplace `yaml:"replaces,omitempty"`
+		Global          bool          `yaml:"global,omitempty"`
 	}
 	yamlReplace struct {
 		Name string `yaml:"name"`
 	}
 )
+
+// GlobalNamePrefix marks a policy of a RateLimitConfig as global (one
+// limit across regions, rate_limit.global in a file): its name starts
+// with it, as global/tenant-cap.
+const GlobalNamePrefix = "global/"
 
 // Render writes a RateLimitConfig in the rules format.
 func Render(rc *rlsconf.RateLimitConfig) ([]byte, error) {
@@ -354,6 +360,9 @@ func renderDescriptors(ds []*rlsconf.RateLimitDescriptor) []yamlDescriptor {
 			for _, r := range p.GetReplaces() {
 				l.Replaces = append(l.Replaces, yamlReplace{Name: r.GetName()})
 			}
+			// RateLimitConfig has no field for it: a policy named
+			// global/<name> is rate_limit.global (docs/regions.md).
+			l.Global = strings.HasPrefix(p.GetName(), GlobalNamePrefix) && !l.Unlimited
 			y.RateLimit = l
 		}
 		out = append(out, y)

@@ -185,8 +185,9 @@ func TestStream(t *testing.T) {
 }
 
 // TestRenderMatchesFile: a RateLimitConfig compiles to the rules its
-// equivalent file does (nesting, replaces, unlimited, shadow and
-// detailed metric), and its problems are the file's, without lines.
+// equivalent file does (nesting, replaces, unlimited, shadow, detailed
+// metric, and a policy named global/... global), and its problems are
+// the file's, without lines.
 func TestRenderMatchesFile(t *testing.T) {
 	rc := &rlsconf.RateLimitConfig{Name: "edge", Domain: "edge", Descriptors: []*rlsconf.RateLimitDescriptor{
 		{Key: "k1", Value: "v1", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_MINUTE, RequestsPerUnit: 5, Name: "per-k1"},
@@ -195,6 +196,7 @@ func TestRenderMatchesFile(t *testing.T) {
 		{Key: "zero", ShadowMode: true, DetailedMetric: true, RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_DAY}},
 		{Key: "p", Value: "/api/*", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_HOUR, RequestsPerUnit: 3}},
 		{Key: "whitelist", Value: "123"},
+		{Key: "tenant", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_MINUTE, RequestsPerUnit: 600, Name: "global/tenant-cap"}},
 	}}
 	file := `domain: edge
 descriptors:
@@ -215,6 +217,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 3}
   - key: whitelist
     value: "123"
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 600, name: global/tenant-cap, global: true}
 `
 	a, err := anypb.New(rc)
 	if err != nil {
@@ -239,7 +243,7 @@ descriptors:
 		}
 		return out
 	}
-	if g, w := rulesOf(got), rulesOf(want); !reflect.DeepEqual(g, w) || len(g) != 6 {
+	if g, w := rulesOf(got), rulesOf(want); !reflect.DeepEqual(g, w) || len(g) != 7 {
 		t.Errorf("rendered rules:\n%+v\nfile's:\n%+v", g, w)
 	}
 	for _, r := range got.Domain("edge").Rules() {
@@ -257,7 +261,7 @@ descriptors:
 	for _, want := range []string{
 		"edge: descriptors[0].rate_limit.unit: unknown unit \"unknown\"",
 		"edge: descriptors[1].rate_limit.unit: unlimited: true must not have a unit",
-		"edge: descriptors[5]",
+		"edge: descriptors[6]",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v lacks %q", err, want)
