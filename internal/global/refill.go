@@ -80,7 +80,7 @@ func (s *Store) pass(all bool) {
 			s.m.hits("given_back", out[i].Hits)
 			s.m.hits("lost", ops[i].Check.Hits-out[i].Hits)
 			s.m.grant("returned")
-			if !all && e.avail == 0 && s.now().Sub(e.lastUse) > max(time.Second, 4*s.opts.Refresh) {
+			if !all && e.avail == 0 && s.now().Sub(e.lastUse) > s.idleAfter() {
 				delete(s.entries, e.check.Key)
 			}
 		default:
@@ -125,7 +125,7 @@ func (s *Store) homeAnswered(err error, start time.Time) {
 // passOps returns the draws and give-backs due, their entries marked in
 // flight. Called with mu held.
 func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*entry) {
-	idleAfter := max(time.Second, 4*s.opts.Refresh)
+	idleAfter := s.idleAfter()
 	lead := s.opts.Refresh + s.rtt
 	s.nextEnd = time.Time{}
 	for k, e := range s.entries {
@@ -162,6 +162,14 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 		}
 	}
 	return ops, es
+}
+
+// idleAfter is how long a counter goes unasked before what is held goes
+// back and the store forgets it: long enough that a counter asked about
+// once a second or two keeps its grant and its measured demand (forgot,
+// its next request finds nothing held and waits a round trip, refused).
+func (s *Store) idleAfter() time.Duration {
+	return max(5*time.Second, 4*s.opts.Refresh)
 }
 
 // drawSize is how many hits to draw for e now: enough to hold one to two
