@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
@@ -128,7 +129,7 @@ func (s *Store) reserve(p *plan, checks []limit.Check, i int) {
 		p.results[i] = s.answer(e, p.now)
 		return
 	}
-	e.asked += hits
+	e.Asked += hits
 	if valid && e.avail >= hits {
 		e.avail -= hits
 		e.used += hits
@@ -137,7 +138,7 @@ func (s *Store) reserve(p *plan, checks []limit.Check, i int) {
 		s.m.request("local")
 		// Below a lead's worth at the demand seen: top up now, not at
 		// the next tick, so the draw lands before what is held runs out.
-		if float64(e.avail) < e.rate*(s.opts.Refresh+s.rtt).Seconds() {
+		if float64(e.avail) < e.Rate*(s.opts.Refresh+s.rtt).Seconds() {
 			p.short = true
 		}
 		return
@@ -189,7 +190,7 @@ func (s *Store) entry(c *limit.Check, now time.Time) *entry {
 		if len(s.entries) >= maxEntries {
 			return nil
 		}
-		e = &entry{check: *c, rateFrom: now, remaining: c.Limit}
+		e = &entry{check: *c, Meter: lease.Meter{From: now}, remaining: c.Limit}
 		e.check.Hits, e.check.Refund, e.check.Global = 0, false, false
 		s.entries[c.Key] = e
 		s.kick()

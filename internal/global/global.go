@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/fielderr"
+	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
@@ -190,11 +191,9 @@ type entry struct {
 	resetAt   time.Time   // when the window ends, on this clock
 	dryUntil  time.Time   // nothing to draw until then
 
-	asked    uint64 // hits asked since rateFrom
-	rateFrom time.Time
-	rate     float64 // hits a second, smoothed
-	lastUse  time.Time
-	inFlight bool
+	lease.Meter // the hits asked, and their smoothed rate
+	lastUse     time.Time
+	inFlight    bool
 }
 
 // kick wakes the refiller.

@@ -135,7 +135,7 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 		if e.inFlight {
 			continue
 		}
-		s.measure(e, now)
+		e.Measure(now, s.opts.Refresh/4)
 		if e.avail > 0 && !now.Before(e.validTill) {
 			// The window ended, as far as this clock can tell: its hits
 			// can be used in no other, nor given back.
@@ -146,7 +146,7 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 		idle := now.Sub(e.lastUse) > idleAfter
 		switch {
 		case e.avail > 0 && (all || idle):
-			ops = append(ops, limit.GrantOp{Check: withHits(e.check, e.avail), GiveBack: true, WindowEndUS: e.windowEnd})
+			ops = append(ops, limit.GrantOp{Check: e.check.WithHits(e.avail), GiveBack: true, WindowEndUS: e.windowEnd})
 			es = append(es, e)
 			e.avail, e.used, e.inFlight = 0, 0, true
 			e.gen++
@@ -155,7 +155,7 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 			delete(s.entries, k)
 		default:
 			if n := s.drawSize(e, now, lead); n > 0 {
-				ops = append(ops, limit.GrantOp{Check: withHits(e.check, n)})
+				ops = append(ops, limit.GrantOp{Check: e.check.WithHits(n)})
 				es = append(es, e)
 				e.inFlight = true
 			}
@@ -191,12 +191,12 @@ func (s *Store) drawSize(e *entry, now time.Time, lead time.Duration) uint64 {
 	} else {
 		e.remaining = e.check.Limit // a new window: what it holds is not known yet
 	}
-	want := uint64(math.Ceil(e.rate * min(lead, span).Seconds()))
-	want = max(want, e.asked, 1) // a new counter: what it was asked so far
+	want := uint64(math.Ceil(e.Rate * min(lead, span).Seconds()))
+	want = max(want, e.Asked, 1) // a new counter: what it was asked so far
 	if now.Before(e.validTill) && e.avail >= want {
 		return 0
 	}
-	target := max(uint64(math.Ceil(e.rate*span.Seconds())), want)
+	target := max(uint64(math.Ceil(e.Rate*span.Seconds())), want)
 	n := target - min(e.avail, target)
 	if cap := e.remaining / fairShare; n > cap {
 		n = max(cap, min(n, e.remaining, 1))
@@ -232,25 +232,4 @@ func (s *Store) granted(e *entry, r limit.GrantResult, start time.Time) {
 	if r.Remaining == 0 {
 		e.dryUntil = e.resetAt
 	}
-}
-
-// measure updates e's demand from what was asked of it since the last
-// pass. Called with mu held.
-func (s *Store) measure(e *entry, now time.Time) {
-	el := now.Sub(e.rateFrom)
-	if el < s.opts.Refresh/4 {
-		return
-	}
-	inst := float64(e.asked) / el.Seconds()
-	if e.rate == 0 {
-		e.rate = inst
-	} else {
-		e.rate = (e.rate + inst) / 2
-	}
-	e.asked, e.rateFrom = 0, now
-}
-
-func withHits(c limit.Check, n uint64) limit.Check {
-	c.Hits = n
-	return c
 }

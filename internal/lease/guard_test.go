@@ -45,7 +45,7 @@ func grantThenSpend(t *testing.T, s *Store, c limit.Check, keep uint64) {
 	t.Helper()
 	admitOne(t, s, c) // the counter is known
 	g := s.leases.entries[c.Key]
-	g.rate = 5000
+	g.Rate = 5000
 	s.leases.pass(false)
 	if g.avail <= keep {
 		t.Fatalf("a grant of %d, want more than %d", g.avail, keep)
@@ -98,7 +98,7 @@ func TestLeaseDoubleRefund(t *testing.T) {
 	s, _, _ := scriptedLeases(t, srv, time.Now().UnixMicro())
 	c := limit.Check{Key: "twice", Limit: 100, WindowUS: 3600e6, Hits: 1, Lease: true}
 	admitOne(t, s, c) // 1 in Redis
-	s.leases.entries[c.Key].rate = 5000
+	s.leases.entries[c.Key].Rate = 5000
 	s.leases.pass(false)
 	for range 5 {
 		admitOne(t, s, c) // 5 from the grant
@@ -128,7 +128,7 @@ func TestLeaseRefillInNextWindow(t *testing.T) {
 	lag.Store(10e3)
 	redis.Store(T + 60e6 + 5e3)
 	g := s.leases.entries[c.Key]
-	g.rate = 5000
+	g.Rate = 5000
 	s.leases.pass(false)
 	if g.windowEnd != T+120e6 {
 		t.Fatalf("the refill's window ends at %d, want the next window's %d", g.windowEnd, T+120e6)
@@ -149,7 +149,7 @@ func TestLeaseIdleForgotten(t *testing.T) {
 	spent := limit.Check{Key: "idle:spent", Limit: 1000, WindowUS: 3600e6, Hits: 1, Lease: true}
 	admitOne(t, s, granted)
 	admitOne(t, s, cold)
-	s.leases.entries[granted.Key].rate = 5000
+	s.leases.entries[granted.Key].Rate = 5000
 	s.leases.pass(false)
 	admitOne(t, s, granted)
 	if !s.leases.entries[granted.Key].granted {
@@ -159,7 +159,7 @@ func TestLeaseIdleForgotten(t *testing.T) {
 	grantThenSpend(t, s, spent, 0) // granted, and nothing left to give back
 	clock.Add(2e6)                 // idle past max(1 s, 10 intervals)
 	for _, g := range s.leases.entries {
-		g.rate, g.asked = 0, 0 // as long idle: the smoothed rate has decayed
+		g.Rate, g.Asked = 0, 0 // as long idle: the smoothed rate has decayed
 	}
 	s.leases.pass(false) // gives the granted counter's hits back
 	s.leases.pass(false)

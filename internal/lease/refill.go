@@ -90,7 +90,7 @@ func (l *leases) passOps(now time.Time, idleAfter time.Duration, all bool) (ops 
 		if g.inFlight {
 			continue
 		}
-		l.measure(g, now)
+		g.Measure(now, l.interval/4)
 		idle := now.Sub(g.lastUse) > idleAfter
 		bucket := g.check.Algorithm == limit.TokenBucket
 		if g.avail > 0 && !now.Before(g.validTill) && !bucket {
@@ -104,7 +104,7 @@ func (l *leases) passOps(now time.Time, idleAfter time.Duration, all bool) (ops 
 		case g.avail > 0 && (all || idle || (bucket && !now.Before(g.validTill))):
 			// The hits leave the grant now: none may be used while they
 			// are on their way back.
-			ops = append(ops, limit.GrantOp{Check: withHits(g.check, g.avail), GiveBack: true, WindowEndUS: g.windowEnd})
+			ops = append(ops, limit.GrantOp{Check: g.check.WithHits(g.avail), GiveBack: true, WindowEndUS: g.windowEnd})
 			gs = append(gs, g)
 			g.avail, g.used, g.inFlight = 0, 0, true
 			g.gen++
@@ -112,14 +112,14 @@ func (l *leases) passOps(now time.Time, idleAfter time.Duration, all bool) (ops 
 		case idle:
 			delete(l.entries, k)
 		default:
-			want := GrantSize(g.rate, l.interval, g.remaining)
+			want := GrantSize(g.Rate, l.interval, g.remaining)
 			// A rate too low to fill a grant of two: decided exactly, as
 			// without a lease. Otherwise hold between one and two grants,
 			// so a stall shorter than the interval finds hits in hand.
 			if want < 2 || g.avail >= want || now.Before(g.dryUntil) {
 				continue
 			}
-			ops = append(ops, limit.GrantOp{Check: withHits(g.check, want)})
+			ops = append(ops, limit.GrantOp{Check: g.check.WithHits(want)})
 			gs = append(gs, g)
 			g.inFlight = true
 		}
@@ -164,27 +164,6 @@ func (l *leases) granted(g *grant, r limit.GrantResult, start time.Time) {
 // measured, over long enough, would earn a grant of two hits. Called
 // with mu held.
 func (l *leases) earns(g *grant, now time.Time) bool {
-	el := now.Sub(g.rateFrom)
-	return el >= l.interval/4 && float64(g.asked)*float64(l.interval) >= 2*float64(el)
-}
-
-// measure updates g's rate from what was asked of it since the last pass.
-// Called with mu held.
-func (l *leases) measure(g *grant, now time.Time) {
-	el := now.Sub(g.rateFrom)
-	if el < l.interval/4 {
-		return
-	}
-	inst := float64(g.asked) / el.Seconds()
-	if g.rate == 0 {
-		g.rate = inst
-	} else {
-		g.rate = (g.rate + inst) / 2
-	}
-	g.asked, g.rateFrom = 0, now
-}
-
-func withHits(c limit.Check, n uint64) limit.Check {
-	c.Hits = n
-	return c
+	el := now.Sub(g.From)
+	return el >= l.interval/4 && float64(g.Asked)*float64(l.interval) >= 2*float64(el)
 }

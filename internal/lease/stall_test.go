@@ -111,7 +111,7 @@ func TestLeaseGiveBack(t *testing.T) {
 			}
 		}
 		ask() // exact: 1
-		s.leases.entries[c.Key].rate = 5000
+		s.leases.entries[c.Key].Rate = 5000
 		s.leases.pass(false)
 		held := s.leases.entries[c.Key].avail
 		ask() // local: 2 used
@@ -149,14 +149,14 @@ func TestLeaseBucketExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := s.leases.entries[c.Key]
-	g.rate = 5000
+	g.Rate = 5000
 	s.leases.pass(false)
 	first := g.avail
 	clock.Add(250e3) // past two intervals; the key stays in use
 	if _, err := s.Evaluate(context.Background(), []limit.Check{c}); err != nil {
 		t.Fatal(err)
 	}
-	g.rate = 5000
+	g.Rate = 5000
 	s.leases.pass(false) // gives the expired tokens back
 	if g.avail != 0 || hits(m, "given_back") != first {
 		t.Fatalf("after expiry %d held, %d given back; want 0 and %d", g.avail, hits(m, "given_back"), first)
@@ -185,7 +185,7 @@ func TestLeaseRefundBounded(t *testing.T) {
 	for _, refund := range []uint64{1 << 32, 7} {
 		c.Key = fmt.Sprintf("refund:%d", refund)
 		ask(c) // 1 in Redis
-		s.leases.entries[c.Key].rate = 5000
+		s.leases.entries[c.Key].Rate = 5000
 		s.leases.pass(false)
 		for range 5 {
 			ask(c) // 5 from the grant
@@ -273,7 +273,7 @@ func grantNearWindowEnd(t *testing.T, c limit.Check) (*Store, *Metrics, *atomic.
 		return !r[0].Over
 	}
 	ask() // the counter is known
-	s.leases.entries[c.Key].rate = 2000
+	s.leases.entries[c.Key].Rate = 2000
 	clock.Add(900e3)
 	s.leases.pass(false)
 	if held := s.leases.entries[c.Key].avail; held < 2 {

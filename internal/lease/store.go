@@ -155,10 +155,7 @@ type grant struct {
 	resetAt   time.Time // when the window ends (a bucket: one more hit)
 	dryUntil  time.Time // nothing to take until then (the budget is gone)
 
-	// Rate: hits asked for since rateFrom, and the smoothed rate.
-	asked    uint64
-	rateFrom time.Time
-	rate     float64
+	Meter    // the hits asked, and their smoothed rate
 	lastUse  time.Time
 	inFlight bool // a take or give-back is on its way
 	granted  bool // a grant was ever taken: the counter is not cold
@@ -249,7 +246,7 @@ func (l *leases) reserve(p *leasePlan, checks []limit.Check, i int) {
 		l.refund(p, checks, i, g, valid, hits)
 		return
 	}
-	g.asked += hits
+	g.Asked += hits
 	var r uint64
 	if valid {
 		r = min(g.avail, hits)
@@ -377,7 +374,7 @@ func (l *leases) entry(c *limit.Check, now time.Time) *grant {
 		if len(l.entries) >= maxLeaseEntries {
 			return nil
 		}
-		g = &grant{check: *c, rateFrom: now, remaining: c.Limit}
+		g = &grant{check: *c, Meter: Meter{From: now}, remaining: c.Limit}
 		g.check.Hits, g.check.Refund = 0, false
 		l.entries[c.Key] = g
 	}

@@ -157,7 +157,7 @@ func TestLeaseMixedRejected(t *testing.T) {
 	if _, err := s.Evaluate(context.Background(), []limit.Check{leased}); err != nil {
 		t.Fatal(err)
 	}
-	s.leases.entries[leased.Key].rate = 5000
+	s.leases.entries[leased.Key].Rate = 5000
 	s.leases.pass(false)
 	g := s.leases.entries[leased.Key]
 	before := g.avail
@@ -222,7 +222,7 @@ func TestLeaseDifferential(t *testing.T) {
 				if rng.IntN(40) == 0 {
 					leased.leases.mu.Lock()
 					for _, g := range leased.leases.entries {
-						g.rate = float64(200 + rng.IntN(2000))
+						g.Rate = float64(200 + rng.IntN(2000))
 					}
 					leased.leases.mu.Unlock()
 					leased.leases.pass(false)

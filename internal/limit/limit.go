@@ -298,6 +298,12 @@ const MaxSlidingCount = 1 << 33
 // time past now (about 35 years): beyond, the bucket is empty for good.
 const MaxDebtUS = 1 << 50
 
+// WithHits is c with Hits n (a grant's take or give-back of n).
+func (c Check) WithHits(n uint64) Check {
+	c.Hits = n
+	return c
+}
+
 // WindowEnd returns the end of the fixed window holding nowUS.
 func WindowEnd(nowUS, windowUS int64) int64 {
 	return nowUS - nowUS%windowUS + windowUS
