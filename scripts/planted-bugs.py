@@ -398,6 +398,11 @@ muts = [
     ("376 a partitioned region's share is the whole limit","internal/global/decide.go","sc.Limit = uint64(math.Floor(float64(c.Limit) * s.opts.Share))","sc.Limit = uint64(math.Floor(float64(c.Limit) * 1))","./internal/global","TestPartitionShare"),
     ("377 a global rule's checks not marked global","internal/service/plan.go","\tit.global = l.Global\n","\tit.global = false\n","./cmd/ratelimitd","TestGlobalRuleAcrossRegions"),
     ("378 a RateLimitConfig policy named global/... not global","internal/xds/xds.go","l.Global = strings.HasPrefix(p.GetName(), GlobalNamePrefix) && !l.Unlimited","l.Global = false && strings.HasPrefix(p.GetName(), GlobalNamePrefix)","./internal/xds","TestRenderMatchesFile"),
+    ("379 a global refusal consumes the request's regional counters","internal/global/decide.go","\t\t\t\tc.Hits, c.Usage, c.Kind = 0, false, limit.ByHits\n","\t\t\t\t_ = c\n","./internal/global","TestRefusalConsumesNothing"),
+    ("380 a script function grows past 40 lines","internal/redisstore/scripts/decide_keys.lua","local function fast(k)\n","local function fast(k)\n"+"  -- padding\n"*10,"./internal/house","TestLuaFunctionLength"),
+    ("381 the WAN proxy adds no latency","internal/redisstore/redistest/wan.go","oneWay: rtt / 2, jit: jitter","oneWay: 0, jit: 0","./internal/redisstore/redistest","TestWAN"),
+    ("382 the usage lists no commands","cmd/ratelimitd/cli.go","\t\tfor _, c := range commands {\n","\t\tfor _, c := range commands[:0] {\n","./cmd/ratelimitd","TestCommandLineHelp"),
+    ("383 a leaving instance's grant used after its window by the joining test","internal/global/refill.go","\te.validTill = start.Add(reset - margin)\n","\te.validTill = s.now().Add(reset - margin)\n","./internal/global","TestNeverOverJoiningAndLeaving"),
 ]
 only = sys.argv[1:]
 missed = 0
