@@ -1,7 +1,8 @@
 package limit
 
-// GrantOp is one take or give-back of lease hits on a counter (see
-// Grant, GiveBack and redisstore's grant.lua).
+// GrantOp is one take or give-back of lease hits on a counter, or one
+// settled charge (see Grant, GiveBack, Settle and redisstore's
+// grant.lua).
 type GrantOp struct {
 	// Check names the counter and its rule; Hits is how many to take or
 	// give back.
@@ -10,6 +11,17 @@ type GrantOp struct {
 	// ending at WindowEndUS (ignored for a token bucket).
 	GiveBack    bool
 	WindowEndUS int64
+	// Settle records Hits of usage charged beyond what was held, in the
+	// window ending at WindowEndUS (zero: the window current when it
+	// lands), whatever the count: a fixed window's only. Settler and Seq
+	// make it land once: a store that keeps settle marks records, per
+	// counter and window, the highest Seq of each Settler, and answers a
+	// settle at or below it as done without counting it again (a retry
+	// of a settle whose answer was lost). Seq grows by one per settle of
+	// a Settler on a counter.
+	Settle  bool
+	Settler string
+	Seq     uint64
 }
 
 // GrantResult is a GrantOp's outcome.
@@ -68,6 +80,24 @@ func Grant(c *Check, st *State, found bool, nowUS int64, n uint64) uint64 {
 		st.Count += g
 	}
 	return g
+}
+
+// Settle adds k hits of usage charged elsewhere to c's fixed-window
+// counter at nowUS, whatever the count (as a usage charge is recorded,
+// saturating at MaxCount), if the window ending at windowEnd is current
+// (windowEnd 0: whichever is). It returns the hits added: 0 when that
+// window has ended (its count no longer matters).
+func Settle(c *Check, st *State, found bool, nowUS, windowEnd int64, k uint64) uint64 {
+	if !found {
+		*st = State{}
+	}
+	*st = normalize(c, *st, nowUS)
+	if windowEnd != 0 && st.End != windowEnd {
+		return 0
+	}
+	k = min(k, MaxHits)
+	st.Count = min(st.Count+k, MaxCount)
+	return k
 }
 
 // GiveBack returns k unused hits of a grant to c's counter at nowUS (found

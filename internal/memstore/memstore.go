@@ -139,8 +139,9 @@ func (sh *shard) sweepLocked(now int64) {
 	}
 }
 
-// Grant takes or gives back lease hits (limit.Grant, limit.GiveBack), each
-// op on its own counter state, as redisstore's grant script does.
+// Grant takes or gives back lease hits (limit.Grant, limit.GiveBack) and
+// settles charges (limit.Settle), each op on its own counter state, as
+// redisstore's grant script does.
 func (s *Store) Grant(_ context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error) {
 	now := s.now().UnixMicro()
 	out := make([]limit.GrantResult, len(ops))
@@ -153,9 +154,13 @@ func (s *Store) Grant(_ context.Context, ops []limit.GrantOp) ([]limit.GrantResu
 		found = found && ctr.expireAt > now
 		st := ctr.state
 		r := &out[i]
-		if ops[i].GiveBack {
+		switch {
+		case ops[i].Settle:
+			// In process, a settle is never unanswered: no marks to keep.
+			r.Hits = limit.Settle(c, &st, found, now, ops[i].WindowEndUS, c.SaturatedHits())
+		case ops[i].GiveBack:
 			r.Hits = limit.GiveBack(c, &st, found, now, ops[i].WindowEndUS, c.SaturatedHits())
-		} else {
+		default:
 			r.Hits = limit.Grant(c, &st, found, now, c.SaturatedHits())
 		}
 		var expire int64

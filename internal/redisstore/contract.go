@@ -48,8 +48,10 @@ var scriptConstants = []struct {
 	{"MAXSC", limit.MaxSlidingCount, ""},
 	{"MAXDEBT", limit.MaxDebtUS, "how far charges push a bucket's arrival time (limit.MaxDebtUS)"},
 	{"GRACE", limit.GraceUS, "how long a key outlives the moment its state stops mattering (limit.GraceUS)"},
-	{"TAKE", grantTake, "grant.lua's ops"},
+	{"TAKE", grantTake, "grant.lua's ops, and how many arguments each takes"},
 	{"GIVE_BACK", grantGiveBack, ""},
+	{"SETTLE", grantSettle, ""},
+	{"GRANT_ARGS", grantArgs, ""},
 }
 
 // ruleArgs is how many arguments each distinct rule of a call takes.

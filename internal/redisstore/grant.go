@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -10,8 +11,12 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
-// grant.lua's ops (TAKE, GIVE_BACK in scripts/contract.lua).
-const grantTake, grantGiveBack = 1, 2
+// grant.lua's ops (TAKE, GIVE_BACK, SETTLE in scripts/contract.lua),
+// and the arguments each takes.
+const (
+	grantTake, grantGiveBack, grantSettle = 1, 2, 3
+	grantArgs                             = 9
+)
 
 // GrantOp and GrantResult are limit's: memstore grants too.
 type (
@@ -45,17 +50,21 @@ func (s *Store) GrantWithin(ctx context.Context, ops []GrantOp) ([]GrantResult, 
 		}
 		return out, nil
 	}
-	keys := make([]string, len(ops))
-	args := make([]any, 0, 1+7*len(ops))
+	keys := make([]string, 0, len(ops))
+	args := make([]any, 0, 1+grantArgs*len(ops))
 	args = append(args, s.nowArg())
-	for i, op := range ops {
+	for _, op := range ops {
 		c := op.Check
-		keys[i] = c.Key
-		kind := grantTake
-		if op.GiveBack {
+		keys = append(keys, c.Key)
+		kind, settler := grantTake, ""
+		switch {
+		case op.Settle:
+			kind, settler = grantSettle, op.Settler
+			keys = append(keys, SettleMarksKey(c.Key))
+		case op.GiveBack:
 			kind = grantGiveBack
 		}
-		args = append(args, kind, c.SaturatedHits(), c.Limit, c.WindowUS, uint8(c.Algorithm), c.Burst, op.WindowEndUS)
+		args = append(args, kind, c.SaturatedHits(), c.Limit, c.WindowUS, uint8(c.Algorithm), c.Burst, op.WindowEndUS, settler, op.Seq)
 	}
 	start, deadline := time.Now(), time.Now().Add(s.timeout)
 	if dl, ok := ctx.Deadline(); ok {
@@ -67,9 +76,9 @@ func (s *Store) GrantWithin(ctx context.Context, ops []GrantOp) ([]GrantResult, 
 		res, err = s.grantScript.Eval(ctx, c, keys, args...).Result()
 	}
 	s.breaker.roundTrip(start, deadline, err)
-	vals, err := checkReplyOf(res, err, 4*len(keys))
+	vals, err := checkReplyOf(res, err, 4*len(ops))
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: eval grant (%d keys): %w: %w", len(keys), ErrUnavailable, err)
+		return nil, fmt.Errorf("redisstore: eval grant (%d ops): %w: %w", len(ops), ErrUnavailable, err)
 	}
 	out := make([]GrantResult, len(ops))
 	for i := range out {
@@ -80,4 +89,17 @@ func (s *Store) GrantWithin(ctx context.Context, ops []GrantOp) ([]GrantResult, 
 		out[i] = GrantResult{Hits: uint64(hits), Remaining: uint64(remaining), ResetUS: reset, WindowEndUS: end}
 	}
 	return out, nil
+}
+
+// SettleMarksKey is the key of the settle marks of counter key: in the
+// same Cluster hash slot (its hash tag is key's own, or key whole).
+func SettleMarksKey(key string) string {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
+			return key + "|settled"
+		}
+	}
+	// Encoded keys escape braces: only a key prefix with a lone '}' ends
+	// this tag early, and on a Cluster home its settles are refused.
+	return "{" + key + "}|settled"
 }

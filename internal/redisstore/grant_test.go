@@ -36,6 +36,7 @@ func TestGrantMatchesLimit(t *testing.T) {
 	}
 	models := map[string]*model{}
 	rng := rand.New(rand.NewPCG(5, 6))
+	var seq uint64
 	for i := range 3000 {
 		if rng.IntN(8) == 0 {
 			clock.Add(rng.Int64N(3e6))
@@ -57,10 +58,17 @@ func TestGrantMatchesLimit(t *testing.T) {
 			op.Check.Hits = 1 << 40
 		}
 		var want uint64
-		if rng.IntN(3) == 0 {
+		switch r := rng.IntN(6); {
+		case r < 2:
 			op.GiveBack, op.WindowEndUS = true, m.end
 			want = limit.GiveBack(&op.Check, &m.st, m.found, now, m.end, op.Check.Hits)
-		} else {
+		case r == 2 && c.Algorithm == limit.FixedWindow:
+			// A settle of the latest take's window (perhaps ended), or of
+			// whichever is current.
+			seq++
+			op.Settle, op.Settler, op.Seq, op.WindowEndUS = true, "s", seq, m.end*int64(rng.IntN(2))
+			want = limit.Settle(&op.Check, &m.st, m.found, now, op.WindowEndUS, op.Check.Hits)
+		default:
 			m.end = limit.WindowEnd(now, c.WindowUS)
 			want = limit.Grant(&op.Check, &m.st, m.found, now, op.Check.Hits)
 		}

@@ -46,6 +46,8 @@ local MAXSC = 8589934592
 local MAXDEBT = 1125899906842624
 -- how long a key outlives the moment its state stops mattering (limit.GraceUS)
 local GRACE = 1000000
--- grant.lua's ops
+-- grant.lua's ops, and how many arguments each takes
 local TAKE = 1
 local GIVE_BACK = 2
+local SETTLE = 3
+local GRANT_ARGS = 9
