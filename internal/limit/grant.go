@@ -12,8 +12,8 @@ type GrantOp struct {
 	GiveBack    bool
 	WindowEndUS int64
 	// Settle records Hits of usage charged beyond what was held, in the
-	// window ending at WindowEndUS (zero: the window current when it
-	// lands), whatever the count: a fixed window's only. Settler and Seq
+	// window ending at WindowEndUS (zero: unknown), whatever the count: a
+	// fixed window's only (see [Settle]). Settler and Seq
 	// make it land once: a store that keeps settle marks records, per
 	// counter and window, the highest Seq of each Settler, and answers a
 	// settle at or below it as done without counting it again (a retry
@@ -84,15 +84,17 @@ func Grant(c *Check, st *State, found bool, nowUS int64, n uint64) uint64 {
 
 // Settle adds k hits of usage charged elsewhere to c's fixed-window
 // counter at nowUS, whatever the count (as a usage charge is recorded,
-// saturating at MaxCount), if the window ending at windowEnd is current
-// (windowEnd 0: whichever is). It returns the hits added: 0 when that
-// window has ended (its count no longer matters).
+// saturating at MaxCount), and returns them; unless they were charged in
+// a window that ended before the one before the current (windowEnd; 0:
+// when unknown), whose spend no longer matters: it returns 0. Charges of
+// the window just ended count in the current one, as charges that reach
+// a store late do: the count of an ended window is gone.
 func Settle(c *Check, st *State, found bool, nowUS, windowEnd int64, k uint64) uint64 {
 	if !found {
 		*st = State{}
 	}
 	*st = normalize(c, *st, nowUS)
-	if windowEnd != 0 && st.End != windowEnd {
+	if windowEnd != 0 && windowEnd < st.End-c.WindowUS {
 		return 0
 	}
 	k = min(k, MaxHits)

@@ -14,7 +14,7 @@ import (
 // TestSettleCountedOnce: a settle is counted once per settler and seq,
 // however often it is sent (a retry of one whose answer was lost), in
 // the window it names only; and it is recorded past the limit, as a
-// usage charge is.
+// usage charge is; and a window late at most.
 func TestSettleCountedOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newStore(t, srv, nil)
@@ -44,21 +44,23 @@ func TestSettleCountedOnce(t *testing.T) {
 		{"b", 1, 40, 0, 40, 0},    // another settler; past the limit
 		{"a", 2, 5, end, 5, 0},
 		{"a", 2, 5, 0, 5, 0},
-		{"a", 3, 7, end - 3600e6, 0, 0}, // an ended window: not counted
+		{"a", 3, 7, end - 3600e6, 7, 0}, // the window before: counted now
+		{"a", 4, 7, end - 7200e6, 0, 0}, // older: not counted
+		{"a", 5, 1, end + 3600e6, 1, 0}, // the next, by a clock ahead
 	}
 	for i, st := range steps {
 		if r := settle(st.settler, st.seq, st.n, st.end); r.Hits != st.done || r.Remaining != st.remains {
 			t.Errorf("step %d (%s seq %d, %d hits): %+v; want %d settled, %d remaining", i, st.settler, st.seq, st.n, r, st.done, st.remains)
 		}
 	}
-	// The count is what was taken and settled once: 30 + 50 + 40 + 5.
+	// The count is what was taken and settled once: 30 + 50 + 40 + 5 + 7 + 1.
 	c.Hits = 1
 	r, err := s.Evaluate(ctx, []limit.Check{hitsOf(c, 0)})
 	if err != nil || r[0].Remaining != 0 {
 		t.Fatalf("after the settles: %+v, %v", r, err)
 	}
 	raw, err := srv.Client().Get(ctx, "settled").Result()
-	if want := fmt.Sprintf("%d:125", end); err != nil || raw != want {
+	if want := fmt.Sprintf("%d:133", end); err != nil || raw != want {
 		t.Errorf("the counter holds %q (%v); want %q", raw, err, want)
 	}
 	ttl, err := srv.Client().PTTL(ctx, redisstore.SettleMarksKey("settled")).Result()

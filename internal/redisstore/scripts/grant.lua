@@ -7,8 +7,9 @@
 -- give-back returns unused hits, but only while the grant's window is
 -- current (a bucket takes them back at any time, never past full). A
 -- settle adds n to a fixed window's count whatever it is (a usage charge
--- is recorded), while the window it names is current, once: the settle
--- marks key keeps, per settler, the highest seq counted in the window.
+-- is recorded), once, unless it names a window ended before the last
+-- (0: unknown): the settle marks key keeps, per settler, the highest seq
+-- counted.
 -- It mirrors limit.Grant, limit.GiveBack and limit.Settle operation for
 -- operation, in integers, and reads and writes the values decide.lua
 -- does.
@@ -17,7 +18,7 @@
 -- ARGV[1]  "0": now from Redis TIME; otherwise now in us (tests only)
 -- then per op GRANT_ARGS values: op (TAKE, GIVE_BACK, SETTLE), n, limit,
 --          window_us, algorithm, burst, window end in us (of the grant
---          given back; of the settle's window, 0 for the current one; 0
+--          given back; of the settle's window, 0 if unknown; 0
 --          for a take), settler, seq (a settle's; '' and 0 otherwise)
 -- Returns per op: hits taken, given back or settled (a settle already
 -- counted reports its n again), remaining after, us until the window
@@ -119,7 +120,7 @@ for i = 1, (#ARGV - 1) / GRANT_ARGS do
     elseif op == GIVE_BACK and gend == we then
       done = math.min(n, c)
       c, est = c - done, est - done
-    elseif op == SETTLE and (gend == 0 or gend == we) then
+    elseif op == SETTLE and (gend == 0 or gend >= we - w) then
       done = n
       if not settled(KEYS[k + 1], ARGV[b + 8], tonumber(ARGV[b + 9]), we, w) then
         c = math.min(c + n, MAXC)
