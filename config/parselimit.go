@@ -50,8 +50,7 @@ func (p *parser) rateLimit(n *yaml.Node, path string) *RateLimit {
 }
 
 // global reads global: one limit across regions, drawn from the home
-// Redis as grants; a fixed window without lease or calendar, and not a
-// usage budget (a charge after the fact cannot come out of a grant yet).
+// Redis as grants; a fixed window without lease or calendar.
 func (p *parser) global(v *yaml.Node, path string, l *RateLimit) {
 	l.Global = p.boolean(v, path)
 	switch {
@@ -60,8 +59,6 @@ func (p *parser) global(v *yaml.Node, path string, l *RateLimit) {
 		p.errorf(v, path, "an unlimited rule has nothing to share across regions")
 	case l.Algorithm != AlgorithmFixedWindow || l.Lease || l.Calendar:
 		p.errorf(v, path, "global needs algorithm fixed_window, no lease and no calendar")
-	case l.RejectedHits == RejectedUsage:
-		p.errorf(v, path, "a usage budget cannot be global yet (set rejected_hits: nothing)")
 	}
 }
 

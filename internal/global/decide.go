@@ -108,6 +108,9 @@ func (s *Store) reserve(p *plan, checks []limit.Check, i int) {
 	c := &checks[i]
 	e := s.entry(c, p.now)
 	if e == nil {
+		if c.Charge() {
+			s.m.hits("abandoned", c.SaturatedHits())
+		}
 		p.results[i] = limit.Result{Over: true, ResetUS: s.opts.Refresh.Microseconds()}
 		p.refused = p.refused || !c.NoVeto
 		return
@@ -124,6 +127,12 @@ func (s *Store) reserve(p *plan, checks []limit.Check, i int) {
 			e.avail += k
 		}
 		p.results[i] = s.answer(e, p.now)
+		return
+	case c.Usage && c.Charge():
+		s.charge(p, i, c, e)
+		return
+	case c.Usage && hits == 0:
+		s.budgetCheck(p, i, c, e, valid)
 		return
 	case hits == 0:
 		p.results[i] = s.answer(e, p.now)
@@ -143,13 +152,16 @@ func (s *Store) reserve(p *plan, checks []limit.Check, i int) {
 		}
 		return
 	}
+	s.beyondHeld(p, i, c, e)
+}
+
+// beyondHeld answers global check i, which what is held cannot: in the
+// region's store against its share while the home is out (share), else
+// refused. Called with mu held.
+func (s *Store) beyondHeld(p *plan, i int, c *limit.Check, e *entry) {
 	p.short = true
 	if s.out && s.opts.Policy == Share {
-		sc := *c
-		sc.Global = false
-		sc.Key = "gshare|" + c.Key
-		sc.Limit = uint64(math.Floor(float64(c.Limit) * s.opts.Share))
-		p.toLocal(i, sc)
+		p.toLocal(i, s.shareCheck(c))
 		s.m.request("shared")
 		return
 	}
@@ -165,6 +177,85 @@ func (s *Store) reserve(p *plan, checks []limit.Check, i int) {
 	p.results[i] = r
 	p.refused = p.refused || !c.NoVeto
 	s.m.request("short")
+}
+
+// shareCheck is c decided in the region's store against its partition
+// share.
+func (s *Store) shareCheck(c *limit.Check) limit.Check {
+	sc := *c
+	sc.Global = false
+	sc.Key = "gshare|" + c.Key
+	sc.Limit = uint64(math.Floor(float64(c.Limit) * s.opts.Share))
+	return sc
+}
+
+// budgetCheck decides a global budget's check (a usage rule's call
+// stating no hits): admitted while this instance holds hits of it, or
+// the home, last heard at most a refresh ago, had some left beyond the
+// charges not yet settled there. Called with mu held.
+func (s *Store) budgetCheck(p *plan, i int, c *limit.Check, e *entry, valid bool) {
+	e.usage = true
+	if valid && e.avail > 0 || !s.out && e.left(p.now) > 0 {
+		p.results[i] = s.usageAnswer(e, p.now, valid)
+		s.m.request("local")
+		return
+	}
+	s.beyondHeld(p, i, c, e)
+}
+
+// charge takes a global budget's usage charge, whatever the decision:
+// from the hits held, the rest owed to the home and settled there in the
+// background. It is over, as a charge on a region's counter is, when it
+// spends more than was left. Called with mu held.
+func (s *Store) charge(p *plan, i int, c *limit.Check, e *entry) {
+	e.usage = true
+	hits := c.SaturatedHits()
+	valid := p.now.Before(e.validTill)
+	left := e.left(p.now)
+	if valid {
+		left += e.avail
+	}
+	if s.spend(e, hits, p.now) {
+		p.short = true
+	}
+	r := s.usageAnswer(e, p.now, valid)
+	r.Over = hits > left
+	p.results[i] = r
+	p.refused = p.refused || r.Over && !c.NoVeto
+	if s.out && s.opts.Policy == Share {
+		// The share is a budget of its own in the region's store: it
+		// takes the charge too (the home still has it owed).
+		p.toLocal(i, s.shareCheck(c))
+	}
+	s.m.request("local")
+}
+
+// spend takes hits charged now on e from what is held and owes the rest
+// to the home; it reports whether any is owed. Called with mu held.
+func (s *Store) spend(e *entry, hits uint64, now time.Time) bool {
+	e.Asked += hits
+	owed := hits
+	if now.Before(e.validTill) {
+		k := min(e.avail, hits)
+		e.avail -= k
+		owed -= k
+		s.m.hits("charged", k)
+	}
+	if owed == 0 {
+		return false
+	}
+	e.owe(e.chargeWindow(now), owed)
+	return true
+}
+
+// usageAnswer is a global budget's result decided here: what the home
+// had left beyond the charges owed to it, plus what is held.
+func (s *Store) usageAnswer(e *entry, now time.Time, valid bool) limit.Result {
+	r := limit.Result{Remaining: e.left(now), ResetUS: max(0, e.resetAt.Sub(now).Microseconds())}
+	if valid {
+		r.Remaining += e.avail
+	}
+	return r
 }
 
 // putBack returns a refused request's reservations to their grants.

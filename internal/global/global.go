@@ -15,6 +15,7 @@ package global
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -99,9 +100,11 @@ type Store struct {
 	local Local
 	home  Home
 	opts  Options
-	now   func() time.Time
-	log   *slog.Logger
-	m     *Metrics
+	// id names this store's settles at the home (their marks).
+	id  string
+	now func() time.Time
+	log *slog.Logger
+	m   *Metrics
 
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -130,7 +133,7 @@ func New(local Local, home Home, opts Options) *Store {
 	if opts.OutAfter == 0 {
 		opts.OutAfter = 2 * opts.HomeTimeout
 	}
-	s := &Store{local: local, home: home, opts: opts, now: opts.Now, log: opts.Logger, m: opts.Metrics,
+	s := &Store{local: local, home: home, opts: opts, id: rand.Text(), now: opts.Now, log: opts.Logger, m: opts.Metrics,
 		entries: map[string]*entry{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 	if s.now == nil {
 		s.now = time.Now
@@ -142,11 +145,33 @@ func New(local Local, home Home, opts Options) *Store {
 	return s
 }
 
-// KeepCharges is Local's, when it keeps the usage charges a caller had
-// no time to send (service.ChargeKeeper): a global check is never one.
+// KeepCharges takes the usage charges among checks whose caller had no
+// time left to ask (service.ChargeKeeper): a global budget's are spent
+// here as any (they never wait on a store), the others are Local's to
+// keep, when it keeps charges.
 func (s *Store) KeepCharges(checks []limit.Check) bool {
+	kept := false
+	rest := make([]limit.Check, 0, len(checks))
+	s.mu.Lock()
+	now := s.now()
+	for i := range checks {
+		c := &checks[i]
+		switch {
+		case !c.Global:
+			rest = append(rest, *c)
+		case c.Usage && c.Charge() && c.Hits > 0:
+			if e := s.entry(c, now); e != nil {
+				e.usage = true
+				s.spend(e, c.SaturatedHits(), now)
+				kept = true
+			} else {
+				s.m.hits("abandoned", c.SaturatedHits())
+			}
+		}
+	}
+	s.mu.Unlock()
 	k, ok := s.local.(interface{ KeepCharges([]limit.Check) bool })
-	return ok && k.KeepCharges(checks)
+	return ok && len(rest) > 0 && k.KeepCharges(rest) || kept
 }
 
 // Grant is Local's, when it grants (RLQS takes its grants there).
@@ -191,9 +216,74 @@ type entry struct {
 	resetAt   time.Time   // when the window ends, on this clock
 	dryUntil  time.Time   // nothing to draw until then
 
-	lease.Meter // the hits asked, and their smoothed rate
+	lease.Meter // the hits asked (charged, on a budget), and their smoothed rate
 	lastUse     time.Time
 	inFlight    bool
+
+	// A budget's (a usage rule's): usage says the counter takes charges
+	// or budget checks, so what the home has left is read every refresh
+	// even when nothing is drawn; heard is when the home last answered.
+	usage bool
+	heard time.Time
+	// debts are the charges beyond what was held, owed to the home by
+	// window, oldest first; settling is the one sent (or to resend, with
+	// the same seq, until it lands: settles are counted once per seq).
+	debts    []debt
+	settling *debt
+	seq      uint64
+}
+
+// debt is usage charged beyond what was held, owed to the home: hits of
+// the window ending at end on the home's clock (0: not known yet).
+type debt struct {
+	end  int64
+	hits uint64
+	seq  uint64
+}
+
+// owe adds hits charged in the window ending at end to what is owed.
+func (e *entry) owe(end int64, hits uint64) {
+	if n := len(e.debts); n > 0 && e.debts[n-1].end == end {
+		e.debts[n-1].hits += hits
+		return
+	}
+	e.debts = append(e.debts, debt{end: end, hits: hits})
+}
+
+// owed is what is owed to the home, settling or not.
+func (e *entry) owed() uint64 {
+	var n uint64
+	for _, d := range e.debts {
+		n += d.hits
+	}
+	if e.settling != nil {
+		n += e.settling.hits
+	}
+	return n
+}
+
+// left is what the home counter had left when last heard (its limit
+// once that window has ended), less what is owed to it.
+func (e *entry) left(now time.Time) uint64 {
+	r := e.remaining
+	if !now.Before(e.resetAt) {
+		r = e.check.Limit
+	}
+	return r - min(r, e.owed())
+}
+
+// chargeWindow is the end, on the home's clock, of the window a charge
+// made now falls in: the window last heard of, or one after it (0 when
+// none was heard of yet).
+func (e *entry) chargeWindow(now time.Time) int64 {
+	switch {
+	case e.windowEnd == 0:
+		return 0
+	case now.Before(e.resetAt):
+		return e.windowEnd
+	}
+	w := e.check.WindowUS
+	return e.windowEnd + (now.Sub(e.resetAt).Microseconds()/w+1)*w
 }
 
 // kick wakes the refiller.

@@ -32,6 +32,13 @@ type region struct {
 // WAN with the round trip rtt(i) and jitter.
 func newWorld(t testing.TB, n, k int, rtt func(i int) time.Duration, jitter time.Duration, opts global.Options) *world {
 	t.Helper()
+	return newWorldWith(t, n, k, rtt, jitter, opts, nil)
+}
+
+// newWorldWith is newWorld, each instance's home store's options edited
+// by homeEdit when it is set.
+func newWorldWith(t testing.TB, n, k int, rtt func(i int) time.Duration, jitter time.Duration, opts global.Options, homeEdit func(*redisstore.Options)) *world {
+	t.Helper()
 	w := &world{home: redistest.Start(t)}
 	for i := range n {
 		r := &region{wan: redistest.NewWAN(t, w.home.Addr(), rtt(i), jitter)}
@@ -42,7 +49,11 @@ func newWorld(t testing.TB, n, k int, rtt func(i int) time.Duration, jitter time
 		}
 		t.Cleanup(func() { r.local.Close() })
 		for range k {
-			home, err := redisstore.New(redisstore.Options{URL: r.wan.URL(), Timeout: time.Second, BreakerOpenAfter: time.Hour})
+			hopts := redisstore.Options{URL: r.wan.URL(), Timeout: time.Second, BreakerOpenAfter: time.Hour}
+			if homeEdit != nil {
+				homeEdit(&hopts)
+			}
+			home, err := redisstore.New(hopts)
 			if err != nil {
 				t.Fatal(err)
 			}

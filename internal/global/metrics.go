@@ -21,11 +21,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"how"}),
 		Grants: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_global_grants_total",
-			Help: "Draws from the home Redis by result: taken, empty (nothing remained), failed (the home did not answer), returned (a give-back).",
+			Help: "Calls on the home Redis by result: taken (a draw), empty (a draw: nothing remained), read (what a budget has left, read every refresh), failed (the home did not answer), returned (a give-back).",
 		}, []string{"result"}),
 		Hits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_global_hits_total",
-			Help: "Hits of global limits drawn from the home: granted, given_back (unused, returned in their window), lost (unused when their window ended, or not returned).",
+			Help: "Hits of global limits: granted (drawn from the home), given_back (unused, returned in their window), lost (unused when their window ended, or a give-back unanswered), unanswered (asked by a draw that failed: spent at the home if it ran); of global budgets' usage charges: charged (paid from hits held), settled (charged beyond what was held, counted at the home), expired (settled more than a window late: not counted), abandoned (not settled when the store closed).",
 		}, []string{"what"}),
 		HomeOut: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratelimitd_global_home_out",

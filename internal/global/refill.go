@@ -65,26 +65,58 @@ func (s *Store) pass(all bool) {
 	s.homeAnswered(err, start)
 	for i, e := range es {
 		e.inFlight = false
-		switch {
+		var r limit.GrantResult
+		if err == nil {
+			r = out[i]
+		}
+		switch op := &ops[i]; {
+		case op.Settle:
+			s.settled(e, op, r, err, all)
+		case err != nil && op.GiveBack:
+			// It may have been run: given back again, the hits would be
+			// returned twice and granted again elsewhere, over the limit.
+			s.m.hits("lost", op.Check.Hits)
 		case err != nil:
-			if ops[i].GiveBack {
-				if all {
-					s.m.hits("lost", ops[i].Check.Hits)
-				} else {
-					e.avail += ops[i].Check.Hits // the next pass tries again
-				}
-			} else {
-				s.m.grant("failed")
-			}
-		case ops[i].GiveBack:
-			s.m.hits("given_back", out[i].Hits)
-			s.m.hits("lost", ops[i].Check.Hits-out[i].Hits)
+			// It may have been run too: those hits are spent at the home.
+			s.m.grant("failed")
+			s.m.hits("unanswered", op.Check.Hits)
+		case op.GiveBack:
+			s.m.hits("given_back", r.Hits)
+			s.m.hits("lost", op.Check.Hits-r.Hits)
 			s.m.grant("returned")
-			if !all && e.avail == 0 && s.now().Sub(e.lastUse) > s.idleAfter() {
+			if !all && e.avail == 0 && e.owed() == 0 && s.now().Sub(e.lastUse) > s.idleAfter() {
 				delete(s.entries, e.check.Key)
 			}
 		default:
-			s.granted(e, out[i], start)
+			s.granted(e, op.Check.Hits, r, start)
+		}
+	}
+}
+
+// settled takes a settle's answer in: counted at the home, or dropped
+// there (charged more than a window ago); on failure it is sent again,
+// with the same seq, by the next pass, or abandoned when closing (all).
+// Called with mu held.
+func (s *Store) settled(e *entry, op *limit.GrantOp, r limit.GrantResult, err error, all bool) {
+	if err != nil {
+		s.m.grant("failed")
+		if all {
+			s.m.hits("abandoned", op.Check.Hits)
+			s.log.Error("global: usage charged beyond what was held did not reach the home Redis before closing; it is not counted there",
+				"key", e.check.Key, "hits", op.Check.Hits, "err", err)
+		}
+		return
+	}
+	e.settling = nil
+	if r.Hits == 0 {
+		s.m.hits("expired", op.Check.Hits)
+	} else {
+		s.m.hits("settled", r.Hits)
+	}
+	if r.WindowEndUS == e.windowEnd {
+		e.remaining = r.Remaining
+		if r.Remaining == 0 {
+			e.dryUntil = e.resetAt
 		}
 	}
 }
@@ -143,6 +175,10 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 			e.avail, e.used = 0, 0
 			e.gen++
 		}
+		for _, op := range s.settleOps(e, all) {
+			ops, es = append(ops, op), append(es, e)
+			e.inFlight = true
+		}
 		idle := now.Sub(e.lastUse) > idleAfter
 		switch {
 		case e.avail > 0 && (all || idle):
@@ -152,9 +188,14 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 			e.gen++
 		case all:
 		case idle:
-			delete(s.entries, k)
+			if !e.inFlight && e.owed() == 0 {
+				delete(s.entries, k)
+			}
 		default:
-			if n := s.drawSize(e, now, lead); n > 0 {
+			n := s.drawSize(e, now, lead)
+			// A budget's checks are decided on what the home had left:
+			// it is read every refresh, drawn from or not.
+			if n > 0 || e.usage && now.Sub(e.heard) >= s.opts.Refresh {
 				ops = append(ops, limit.GrantOp{Check: e.check.WithHits(n)})
 				es = append(es, e)
 				e.inFlight = true
@@ -162,6 +203,31 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 		}
 	}
 	return ops, es
+}
+
+// settleOps returns the settles of e due: the one sent before and not
+// answered, or else the oldest debt, given the next seq; closing (all),
+// every debt.
+func (s *Store) settleOps(e *entry, all bool) []limit.GrantOp {
+	var ops []limit.GrantOp
+	for {
+		if e.settling == nil && len(e.debts) > 0 {
+			e.seq++
+			d := e.debts[0]
+			d.seq = e.seq
+			e.debts = e.debts[1:]
+			e.settling = &d
+		}
+		if e.settling == nil {
+			return ops
+		}
+		d := e.settling
+		ops = append(ops, limit.GrantOp{Check: e.check.WithHits(d.hits), Settle: true, Settler: s.id, Seq: d.seq, WindowEndUS: d.end})
+		if !all {
+			return ops
+		}
+		e.settling = nil // every debt goes in this call
+	}
 }
 
 // idleAfter is how long a counter goes unasked before what is held goes
@@ -204,16 +270,20 @@ func (s *Store) drawSize(e *entry, now time.Time, lead time.Duration) uint64 {
 	return n
 }
 
-// granted takes a draw's answer in: the hits held, until when they may be
+// granted takes a draw's answer in (a read's, asked 0): the hits held, until when they may be
 // used (on this clock, from when the call was sent), and what the home
 // counter has left. Called with mu held.
-func (s *Store) granted(e *entry, r limit.GrantResult, start time.Time) {
+func (s *Store) granted(e *entry, asked uint64, r limit.GrantResult, start time.Time) {
 	s.m.hits("granted", r.Hits)
-	if r.Hits == 0 {
+	switch {
+	case asked == 0:
+		s.m.grant("read")
+	case r.Hits == 0:
 		s.m.grant("empty")
-	} else {
+	default:
 		s.m.grant("taken")
 	}
+	e.heard = s.now()
 	reset := time.Duration(r.ResetUS) * time.Microsecond
 	if r.WindowEndUS != e.windowEnd {
 		if e.avail > 0 {

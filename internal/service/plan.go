@@ -184,11 +184,10 @@ func (s *Service) planRule(it *item, dom *config.Domain, r *config.Rule, ents []
 		it.lease = false
 	}
 	it.usage = it.usage && !it.lease
-	// A global limit is spent from grants drawn ahead: every call on it
-	// is a plain request, its stated hits consumed (a usage budget cannot
-	// be global: the parser refuses rejected_hits: usage on it).
+	// A global limit is spent from grants drawn ahead; on a usage rule,
+	// charges come out of them and what they do not cover is settled at
+	// the home (internal/global).
 	it.global = l.Global
-	it.usage = it.usage && !it.global
 	if r.RequestID {
 		it.pairID = ents[len(ents)-1].GetValue()
 	}

@@ -1,0 +1,273 @@
+package global_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ratelimitd/ratelimitd/internal/global"
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+)
+
+// hourClock is a clock a second into an hour's window, moving as the
+// machine's: a test on it never sees its budget's window turn.
+func hourClock() func() time.Time {
+	now := time.Now()
+	offset := now.Truncate(time.Hour).Add(time.Hour + time.Second).Sub(now)
+	return func() time.Time { return time.Now().Add(offset) }
+}
+
+// homeCount is the home counter of key: its window's count.
+func homeCount(t *testing.T, w *world, key string) uint64 {
+	t.Helper()
+	raw, err := w.home.Client().Get(context.Background(), key).Result()
+	if err != nil {
+		t.Fatalf("the home counter %s: %v", key, err)
+	}
+	_, count, _ := strings.Cut(raw, ":")
+	n, err := strconv.ParseUint(count, 10, 64)
+	if err != nil {
+		t.Fatalf("the home counter %s holds %q", key, raw)
+	}
+	return n
+}
+
+// budgetWorld is two regions of two instances on hourClock, 40 and 80
+// ms from the home, calls to it failing after 300 ms: cuts fail calls
+// whose answers are lost, and the calls are made again.
+func budgetWorld(t *testing.T) (*world, *global.Metrics, func() time.Time) {
+	clock := hourClock()
+	m := global.NewMetrics(prometheus.NewRegistry())
+	opts := global.Options{Refresh: 100 * time.Millisecond, HomeTimeout: 300 * time.Millisecond, OutAfter: 300 * time.Millisecond, Metrics: m, Now: clock}
+	w := newWorldWith(t, 2, 2, func(i int) time.Duration { return time.Duration(40+40*i) * time.Millisecond }, 10*time.Millisecond,
+		opts, func(o *redisstore.Options) { o.Timeout, o.ScriptTime = 300*time.Millisecond, clock })
+	return w, m, clock
+}
+
+// cuts partitions a region at random from the home n times, for 400-900
+// ms each, pause apart.
+func cuts(w *world, seed uint64, n int, pause func(*rand.Rand) time.Duration) {
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	for range n {
+		time.Sleep(pause(rng))
+		r := w.regions[rng.IntN(len(w.regions))]
+		r.wan.Partition()
+		time.Sleep(time.Duration(400+rng.IntN(500)) * time.Millisecond)
+		r.wan.Heal()
+	}
+}
+
+func budgetCheck(key string, lim uint64, hits uint64, kind limit.UsageKind) limit.Check {
+	return limit.Check{Key: key, Limit: lim, WindowUS: 3600e6, Hits: hits, Global: true, Usage: true, Kind: kind}
+}
+
+// TestGlobalBudgetChargesSettleOnce: streams on a global budget in two
+// regions (a check, then up to a second later a charge of 50-800 tokens,
+// 0, none at all, or one handed over with no time left), spending it
+// halfway through, while regions are cut off from the home and healed. Every charge is counted at the home, once: the home's
+// count is at least what was charged (nothing lost) and above it by no
+// more than the hits drawn and never used or returned (a settle counted
+// twice would add a whole settle).
+func TestGlobalBudgetChargesSettleOnce(t *testing.T) {
+	w, m, _ := budgetWorld(t)
+	const key, lim = "g:budget", 150_000
+	var charged atomic.Uint64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for ri, r := range w.regions {
+		for ii, g := range r.instances {
+			wg.Go(func() { stream(g, key, lim, rand.New(rand.NewPCG(uint64(ri), uint64(ii))), &charged, stop) })
+		}
+	}
+	cuts(w, 11, 3, func(rng *rand.Rand) time.Duration { return time.Duration(300+rng.IntN(300)) * time.Millisecond })
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	w.close() // settles what is owed, gives back what is held
+	got, x := homeCount(t, w, key), charged.Load()
+	slack := uint64(testutil.ToFloat64(m.Hits.WithLabelValues("lost")) + testutil.ToFloat64(m.Hits.WithLabelValues("unanswered")))
+	settled := testutil.ToFloat64(m.Hits.WithLabelValues("settled"))
+	t.Logf("charged %d, counted at the home %d; drawn and never used or returned at most %d; settled %.0f", x, got, slack, settled)
+	if got < x {
+		t.Errorf("the home counted %d of %d charged: %d lost", got, x, x-got)
+	}
+	if got > x+slack {
+		t.Errorf("the home counted %d of %d charged: %d more than the %d drawn and unused can explain (counted twice)", got, x, got-x-slack, slack)
+	}
+	if settled == 0 || x <= lim {
+		t.Errorf("charged %d, settled %.0f: the test never charged beyond what was held", x, settled)
+	}
+	for _, what := range []string{"expired", "abandoned"} {
+		if n := testutil.ToFloat64(m.Hits.WithLabelValues(what)); n != 0 {
+			t.Errorf("%.0f hits %s", n, what)
+		}
+	}
+}
+
+// stream starts streams on g's budget key until stop, one every 1-10
+// ms: a budget check; if admitted, 20-1000 ms later, a charge of 50-800
+// tokens (7 in 10), a charge of 0, nothing (a stream cancelled), or a
+// charge its caller had no time to send (KeepCharges). So charges keep
+// coming after the budget is spent, from streams admitted before.
+// charged sums what was charged.
+func stream(g *global.Store, key string, lim uint64, rng *rand.Rand, charged *atomic.Uint64, stop <-chan struct{}) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(1+rng.IntN(10)) * time.Millisecond):
+		}
+		res, err := g.Evaluate(ctx, []limit.Check{budgetCheck(key, lim, 0, limit.ByHits)})
+		if err != nil || res[0].Over {
+			continue
+		}
+		took, n, r := time.Duration(20+rng.IntN(980))*time.Millisecond, uint64(50+rng.IntN(750)), rng.IntN(10)
+		wg.Go(func() {
+			time.Sleep(took)
+			switch {
+			case r < 7:
+				if _, err := g.Evaluate(ctx, []limit.Check{budgetCheck(key, lim, n, limit.ByHits)}); err == nil {
+					charged.Add(n)
+				}
+			case r == 7:
+				_, _ = g.Evaluate(ctx, []limit.Check{budgetCheck(key, lim, 0, limit.ZeroCharge)})
+			case r == 8:
+			default:
+				if g.KeepCharges([]limit.Check{budgetCheck(key, lim, n, limit.ByHits)}) {
+					charged.Add(n)
+				}
+			}
+		})
+	}
+}
+
+// TestGlobalBudgetAnswers: a global budget answers as a region's does. A
+// check (no hits) passes while something is left and is refused once the
+// charges have spent it; a charge past what is left is over and recorded
+// all the same; a stream end charging 0 is never refused; a request that
+// costs its hit (a stated 1) is a plain request: a limit of 20 admits
+// 20, all of them.
+func TestGlobalBudgetAnswers(t *testing.T) {
+	clock := hourClock()
+	w := newWorldWith(t, 1, 1, func(int) time.Duration { return 5 * time.Millisecond }, 0,
+		global.Options{Refresh: 50 * time.Millisecond, Now: clock}, func(o *redisstore.Options) { o.ScriptTime = clock })
+	g := w.regions[0].instances[0]
+	ctx := context.Background()
+	decide := func(c limit.Check) limit.Result {
+		t.Helper()
+		res, err := g.Evaluate(ctx, []limit.Check{c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	const key, lim = "g:answers", 1000
+	if r := decide(budgetCheck(key, lim, 0, limit.ByHits)); r.Over {
+		t.Fatalf("a check on a fresh budget: %+v, want admitted", r)
+	}
+	if r := decide(budgetCheck(key, lim, 600, limit.ByHits)); r.Over {
+		t.Errorf("a charge of 600 of 1000: %+v, want not over", r)
+	}
+	if r := decide(budgetCheck(key, lim, 0, limit.ByHits)); r.Over {
+		t.Errorf("a check with 400 left: %+v, want admitted", r)
+	}
+	if r := decide(budgetCheck(key, lim, 600, limit.ByHits)); !r.Over || r.Remaining != 0 {
+		t.Errorf("a charge of 600 with 400 left: %+v, want over, nothing left", r)
+	}
+	if r := decide(budgetCheck(key, lim, 0, limit.ByHits)); !r.Over {
+		t.Errorf("a check on the spent budget: %+v, want refused", r)
+	}
+	if r := decide(budgetCheck(key, lim, 0, limit.ZeroCharge)); r.Over {
+		t.Errorf("a stream end charging 0 on the spent budget: %+v, want not refused", r)
+	}
+	if r := decide(budgetCheck(key, lim, 1, limit.CostCheck)); !r.Over {
+		t.Errorf("a request costing 1 on the spent budget: %+v, want refused", r)
+	}
+	admitted := 0
+	deadline := time.Now().Add(10 * time.Second)
+	for admitted < 20 && time.Now().Before(deadline) {
+		if r := decide(budgetCheck("g:plain", 20, 1, limit.CostCheck)); !r.Over {
+			admitted++
+		} else {
+			time.Sleep(10 * time.Millisecond) // a draw on its way
+		}
+	}
+	for range 5 {
+		if r := decide(budgetCheck("g:plain", 20, 1, limit.CostCheck)); !r.Over {
+			admitted++
+		}
+	}
+	if admitted != 20 {
+		t.Errorf("a limit of 20 stated 1 a request admitted %d, want 20", admitted)
+	}
+	w.close()
+	if n := homeCount(t, w, key); n != 1200 {
+		t.Errorf("the budget counted %d at the home, want the 1200 charged", n)
+	}
+}
+
+// TestSpentBudgetSettlesExactly: a global budget spent at the home before
+// the test, so that nothing can be drawn and every charge is owed to the
+// home: charges from streams admitted before (50-800 tokens, at random
+// moments) reach it through cuts of each region's link, answers lost and
+// calls retried, and the home counts exactly what was charged: nothing
+// lost, nothing twice.
+func TestSpentBudgetSettlesExactly(t *testing.T) {
+	w, m, clock := budgetWorld(t)
+	const key, lim = "g:spent", 1000
+	home, err := redisstore.New(redisstore.Options{URL: w.home.URL(), Timeout: time.Second, ScriptTime: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer home.Close()
+	if _, err := home.Grant(context.Background(), []limit.GrantOp{{Check: budgetCheck(key, lim, lim, limit.ByHits)}}); err != nil {
+		t.Fatal(err)
+	}
+	var charged atomic.Uint64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for ri, r := range w.regions {
+		for ii, g := range r.instances {
+			rng := rand.New(rand.NewPCG(uint64(ri), uint64(ii)+7))
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(time.Duration(1+rng.IntN(20)) * time.Millisecond):
+					}
+					n := uint64(50 + rng.IntN(750))
+					if _, err := g.Evaluate(context.Background(), []limit.Check{budgetCheck(key, lim, n, limit.ByHits)}); err == nil {
+						charged.Add(n)
+					}
+				}
+			})
+		}
+	}
+	cuts(w, 13, 4, func(rng *rand.Rand) time.Duration { return time.Duration(200+rng.IntN(300)) * time.Millisecond })
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	w.close()
+	got, x := homeCount(t, w, key), charged.Load()+lim
+	retried := testutil.ToFloat64(m.Grants.WithLabelValues("failed"))
+	t.Logf("the home counts %d, %d charged and %d spent before; %.0f calls to it failed", got, x-lim, uint64(lim), retried)
+	if got != x {
+		t.Errorf("the home counts %d; want %d: %d", got, x, int64(got)-int64(x))
+	}
+	if retried == 0 {
+		t.Error("no call to the home failed: the cuts tested nothing")
+	}
+}
