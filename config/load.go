@@ -38,6 +38,40 @@ type Options struct {
 	// descriptors form one domain, and a descriptor two files define is
 	// an error naming both. Without it a domain in two files is an error.
 	MergeDomains bool
+	// GlobalDomains names the domains every limit of which is global
+	// (rate_limit.global: one limit across regions), however they are
+	// served: a name, or a prefix ending in '*'. It reaches rules that
+	// cannot say so themselves (those Envoy Gateway and Envoy AI Gateway
+	// serve over xDS); a limit there that cannot be global is an error.
+	GlobalDomains []string
+}
+
+// globalDomain reports whether domain is one of patterns.
+func globalDomain(patterns []string, domain string) bool {
+	for _, p := range patterns {
+		if prefix, ok := strings.CutSuffix(p, "*"); ok && strings.HasPrefix(domain, prefix) || p == domain {
+			return true
+		}
+	}
+	return false
+}
+
+// makeGlobal marks every limit of d global, for GlobalDomains; it
+// returns an error per limit that cannot be.
+func makeGlobal(d *Domain) []error {
+	var errs []error
+	for _, r := range d.rules {
+		l := r.Limit
+		switch {
+		case l == nil || l.Unlimited || l.Global:
+		case l.Algorithm != AlgorithmFixedWindow || l.Lease || l.Calendar:
+			errs = append(errs, &Error{File: r.File, Line: r.Line,
+				Msg: fmt.Sprintf("rule %s: domain %q is global (--global-domains), and a global limit needs algorithm fixed_window, no lease and no calendar", r.Path, d.Name)})
+		default:
+			l.Global = true
+		}
+	}
+	return errs
 }
 
 // LoadWith is [LoadContext] with opts.
@@ -107,6 +141,11 @@ func LoadDocs(ctx context.Context, opts Options, docs []Doc) (*Snapshot, error) 
 				continue
 			}
 			snap.domains[d.Name] = d
+		}
+	}
+	for _, name := range snap.Domains() {
+		if globalDomain(opts.GlobalDomains, name) {
+			errs = append(errs, makeGlobal(snap.domains[name])...)
 		}
 	}
 	if len(errs) > 0 {

@@ -2,16 +2,21 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/xds/xdstest"
 )
 
 // TestGlobalRuleAcrossRegions: two instances, each with its own Redis
@@ -60,5 +65,95 @@ descriptors:
 	}
 	if n := admitted("apart"); n != 40 {
 		t.Errorf("the ordinary rule admitted %d over two regions; want 20 in each", n)
+	}
+}
+
+// TestGlobalDomainsAIGatewayBudget: Envoy AI Gateway's quota rules, served
+// over xDS with no way to say global, made so by --global-domains: two
+// regions' instances spend one token budget of 1,000 an hour. A stream's
+// request-phase call (no hits: it costs 1) and its end's charge (the
+// tokens) on either; once the charges of both regions pass the budget,
+// both refuse, and the home has counted every token charged. The same
+// rules without the flag keep a budget per region.
+func TestGlobalDomainsAIGatewayBudget(t *testing.T) {
+	redistest.AwayFromHourEnd(30 * time.Second)
+	home := redistest.Start(t)
+	mgmt := xdstest.Start(t, "127.0.0.1:0")
+	mgmt.Set("default", "1", &rlsconf.RateLimitConfig{Name: "ai-gateway-quota", Domain: "ai-gateway-quota",
+		Descriptors: []*rlsconf.RateLimitDescriptor{{Key: "backend_name", Value: "b", Descriptors: []*rlsconf.RateLimitDescriptor{
+			quotaBucket("per-hour", rlsconf.RateLimitUnit_HOUR, 1000, false)}}}})
+	regions := func(args ...string) []rlsv3.RateLimitServiceClient {
+		var clients []rlsv3.RateLimitServiceClient
+		for range 2 {
+			in := start(t, env(nil), append([]string{"--xds-server", mgmt.Addr, "--redis-url", redistest.Start(t).URL(),
+				"--global-redis-url", home.URL(), "--global-refresh", "50ms"}, args...)...)
+			clients = append(clients, rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr)))
+		}
+		return clients
+	}
+	call := func(c rlsv3.RateLimitServiceClient, tokens uint64) rlsv3.RateLimitResponse_Code {
+		t.Helper()
+		d := &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "backend_name", Value: "b"}, {Key: "bucket", Value: "per-hour"}}}
+		if tokens > 0 {
+			d.HitsAddend = wrapperspb.UInt64(tokens)
+		}
+		r, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "ai-gateway-quota", Descriptors: []*rlcommon.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetOverallCode()
+	}
+	const ok, over = rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	// Two streams in each region, each a check and an end charging 300:
+	// 1,204 over both, 602 in each.
+	spend := func(clients []rlsv3.RateLimitServiceClient) {
+		for i := range 4 {
+			c := clients[i%2]
+			eventuallyWithin(t, 10*time.Second, "a stream's check admitted", func() error {
+				if code := call(c, 0); code != ok {
+					return fmt.Errorf("stream %d's check: %v", i, code)
+				}
+				return nil
+			})
+			call(c, 300)
+		}
+	}
+	clients := regions("--global-domains", "ai-gateway-*")
+	spend(clients)
+	eventuallyWithin(t, 5*time.Second, "both regions refusing the spent global budget", func() error {
+		for i, c := range clients {
+			if code := call(c, 0); code != over {
+				return fmt.Errorf("region %d's check: %v", i, code)
+			}
+		}
+		return nil
+	})
+	keys, err := home.Client().Keys(context.Background(), "*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("the home's keys: %v, %v", keys, err)
+	}
+	counters := 0
+	for _, k := range keys {
+		if strings.HasSuffix(k, "|settled") {
+			continue
+		}
+		counters++
+		raw, _ := home.Client().Get(context.Background(), k).Result()
+		_, count, _ := strings.Cut(raw, ":")
+		if n, _ := strconv.Atoi(count); n < 1204 {
+			t.Errorf("the home counts %s = %q; want at least the 1,200 tokens charged and 4 checks", k, raw)
+		}
+	}
+	if counters != 1 {
+		t.Errorf("the home holds %d counters (%v); want the budget's", counters, keys)
+	}
+	// Without the flag, each region keeps its own budget: 602 spent in
+	// each, both still admit.
+	apart := regions()
+	spend(apart)
+	for i, c := range apart {
+		if code := call(c, 0); code != ok {
+			t.Errorf("without --global-domains, region %d refused with 602 of its 1,000 spent: %v", i, code)
+		}
 	}
 }

@@ -150,7 +150,7 @@ func (a *app) startStats(ctx context.Context) error {
 // request as Unavailable until rules come.
 func (a *app) loadRules(ctx context.Context) error {
 	s := a.s
-	a.loadOps = config.Options{MergeDomains: s.mergeDomains}
+	a.loadOps = config.Options{MergeDomains: s.mergeDomains, GlobalDomains: s.globalDomainList()}
 	var err error
 	switch {
 	case s.xds.opts.Server == "":

@@ -75,11 +75,14 @@ type settings struct {
 	// globalURL is the home Redis of global limits (--global-redis-url);
 	// globalPolicy its partition policy.
 	globalURL, globalPolicy string
-	rlqsOn                  bool
-	rlqs                    rlqs.Options
-	tracing                 tracing.Options
-	xds                     xdsSettings
-	stats                   statsSettings
+	// globalDomains is --global-domains: the domains whose every limit
+	// is global, comma-separated.
+	globalDomains string
+	rlqsOn        bool
+	rlqs          rlqs.Options
+	tracing       tracing.Options
+	xds           xdsSettings
+	stats         statsSettings
 }
 
 // statsSettings are the flags of envoyproxy/ratelimit's stats under its
@@ -161,6 +164,7 @@ func redisFlags(fs *flag.FlagSet, s *settings) {
 func globalFlags(fs *flag.FlagSet, s *settings) {
 	g := &s.global
 	fs.StringVar(&s.globalURL, "global-redis-url", "", "the home Redis of global limits (rate_limit.global: one limit across regions; docs/regions.md): each instance decides them in process from grants drawn from it ahead of need, never more than the limit over all regions; empty: global rules are ordinary ones")
+	fs.StringVar(&s.globalDomains, "global-domains", "", "comma-separated domains every limit of which is global, as if each said rate_limit.global (a name, or a prefix ending in '*'): how rules served over xDS by Envoy Gateway (a listener's or gateway's name) or Envoy AI Gateway (ai-gateway-quota) become global; needs --global-redis-url")
 	fs.Var(positive(&g.Refresh, global.DefaultRefresh), "global-refresh", "how often grants of global limits are topped up, and how long what is held should last at the demand seen (plus the home's round trip)")
 	fs.StringVar(&s.globalPolicy, "global-partition", "deny", "once what is held is spent and the home Redis cannot be reached: deny (refuse: never over the limit) or share (decide in this region's Redis against --global-partition-share of the limit per window)")
 	fs.Float64Var(&g.Share, "global-partition-share", 0, "with --global-partition share: this region's share of each global limit while the home is out (0 to 1); all regions may then admit up to the limit plus the sum of their shares a window")
@@ -457,4 +461,15 @@ func compatFrom(args []string, getenv func(string) string) string {
 		}
 	}
 	return v
+}
+
+// globalDomainList is --global-domains as a list.
+func (s *settings) globalDomainList() []string {
+	var out []string
+	for _, d := range strings.Split(s.globalDomains, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			out = append(out, d)
+		}
+	}
+	return out
 }

@@ -43,6 +43,8 @@ func TestFlagBounds(t *testing.T) {
 		{[]string{"--grpc-max-concurrent-streams", "0"}, "-grpc-max-concurrent-streams"},
 		{[]string{"--rejected-hits", "none"}, `unknown rejected_hits "none"`},
 		{[]string{"--rejected-hits", "Nothing"}, `unknown rejected_hits "Nothing"`},
+		{[]string{"--global-domains", "ai-gateway-quota"}, "--global-domains needs --global-redis-url"},
+		{[]string{"--global-domains", " , ", "--global-redis-url", "redis://h:1", "--redis-url", "redis://r:1"}, "--global-domains \" , \": no domain named"},
 	} {
 		_, err := parseSettings(append(base, tt.args...), func(string) string { return "" }, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {

@@ -29,6 +29,10 @@ func (s *settings) validateGlobal() error {
 		return fmt.Errorf("--global-partition share needs --global-partition-share above 0 and at most 1, got %v", s.global.Share)
 	case s.globalPolicy != "share" && s.global.Share != 0:
 		return errors.New("--global-partition-share needs --global-partition share")
+	case s.globalDomains != "" && s.globalURL == "":
+		return errors.New("--global-domains needs --global-redis-url: the home Redis global limits are drawn from")
+	case s.globalDomains != "" && len(s.globalDomainList()) == 0:
+		return fmt.Errorf("--global-domains %q: no domain named", s.globalDomains)
 	case s.globalURL != "" && s.redisURL == "":
 		return errors.New("--global-redis-url needs --redis-url: the region's own Redis decides everything else, and the partition share")
 	}
