@@ -403,6 +403,15 @@ muts = [
     ("381 the WAN proxy adds no latency","internal/redisstore/redistest/wan.go","oneWay: rtt / 2, jit: jitter","oneWay: 0, jit: 0","./internal/redisstore/redistest","TestWAN"),
     ("382 the usage lists no commands","cmd/ratelimitd/cli.go","\t\tfor _, c := range commands {\n","\t\tfor _, c := range commands[:0] {\n","./cmd/ratelimitd","TestCommandLineHelp"),
     ("383 a leaving instance's grant used after its window by the joining test","internal/global/refill.go","\te.validTill = start.Add(reset - margin)\n","\te.validTill = s.now().Add(reset - margin)\n","./internal/global","TestNeverOverJoiningAndLeaving"),
+    ("384 the settle marks ignored: a resent settle counted twice","internal/redisstore/scripts/grant.lua","      if not settled(KEYS[k + 1], ARGV[b + 8], tonumber(ARGV[b + 9]), we, w) then\n","      if settled(KEYS[k + 1], ARGV[b + 8], tonumber(ARGV[b + 9]), we, w) or true then\n","./internal/global","TestSpentBudgetSettlesExactly"),
+    ("385 a failed settle forgotten, not sent again","internal/global/refill.go","\tif err != nil {\n\t\ts.m.grant(\"failed\")\n","\tif err != nil {\n\t\te.settling = nil\n\t\ts.m.grant(\"failed\")\n","./internal/global","TestSpentBudgetSettlesExactly"),
+    ("386 a budget check admitted on a spent global budget","internal/global/decide.go","\tif valid && e.avail > 0 || !s.out && e.left(p.now) > 0 {\n","\tif valid && e.avail > 0 || !s.out {\n","./internal/global","TestGlobalBudgetAnswers"),
+    ("387 a charge beyond what is held not owed to the home","internal/global/decide.go","\te.owe(e.chargeWindow(now), owed)\n\treturn true\n","\treturn false\n","./internal/global","TestGlobalBudgetAnswers"),
+    ("388 a settle a window late dropped","internal/redisstore/scripts/grant.lua","elseif op == SETTLE and (gend == 0 or gend >= we - w) then","elseif op == SETTLE and (gend == 0 or gend >= we) then","./internal/redisstore","TestSettleCountedOnce"),
+    ("389 --global-domains patterns taken only whole","config/load.go","ok && strings.HasPrefix(domain, prefix) || p == domain","ok && prefix == domain || p == domain","./config","TestGlobalDomains"),
+    ("390 a global charge with no time left handed to the region's store","internal/global/global.go","\t\tcase c.Usage && c.Charge() && c.Hits > 0:\n","\t\tcase c.Usage && c.Charge() && c.Hits > 0 && false:\n","./internal/global","TestGlobalBudgetChargesSettleOnce"),
+    ("391 a give-back whose answer was lost made again","internal/global/refill.go","\t\t\t// returned twice and granted again elsewhere, over the limit.\n\t\t\ts.m.hits(\"lost\", op.Check.Hits)\n","\t\t\t// returned twice and granted again elsewhere, over the limit.\n\t\t\te.avail += op.Check.Hits\n","./internal/global","TestLostGiveBackNotRepeated"),
+    ("392 --global-domains not passed to the rules","cmd/ratelimitd/run.go","GlobalDomains: s.globalDomainList()}","}","./cmd/ratelimitd","TestGlobalDomainsAIGatewayBudget"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -80,12 +80,12 @@ func budgetCheck(key string, lim uint64, hits uint64, kind limit.UsageKind) limi
 func TestGlobalBudgetChargesSettleOnce(t *testing.T) {
 	w, m, _ := budgetWorld(t)
 	const key, lim = "g:budget", 150_000
-	var charged atomic.Uint64
+	var charged, unkept atomic.Uint64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for ri, r := range w.regions {
 		for ii, g := range r.instances {
-			wg.Go(func() { stream(g, key, lim, rand.New(rand.NewPCG(uint64(ri), uint64(ii))), &charged, stop) })
+			wg.Go(func() { stream(g, key, lim, rand.New(rand.NewPCG(uint64(ri), uint64(ii))), &charged, &unkept, stop) })
 		}
 	}
 	cuts(w, 11, 3, func(rng *rand.Rand) time.Duration { return time.Duration(300+rng.IntN(300)) * time.Millisecond })
@@ -106,6 +106,9 @@ func TestGlobalBudgetChargesSettleOnce(t *testing.T) {
 	if settled == 0 || x <= lim {
 		t.Errorf("charged %d, settled %.0f: the test never charged beyond what was held", x, settled)
 	}
+	if n := unkept.Load(); n > 0 {
+		t.Errorf("%d charges handed over with no time left were not kept", n)
+	}
 	for _, what := range []string{"expired", "abandoned"} {
 		if n := testutil.ToFloat64(m.Hits.WithLabelValues(what)); n != 0 {
 			t.Errorf("%.0f hits %s", n, what)
@@ -118,8 +121,9 @@ func TestGlobalBudgetChargesSettleOnce(t *testing.T) {
 // tokens (7 in 10), a charge of 0, nothing (a stream cancelled), or a
 // charge its caller had no time to send (KeepCharges). So charges keep
 // coming after the budget is spent, from streams admitted before.
-// charged sums what was charged.
-func stream(g *global.Store, key string, lim uint64, rng *rand.Rand, charged *atomic.Uint64, stop <-chan struct{}) {
+// charged sums what was charged, unkept counts the charges KeepCharges
+// did not take.
+func stream(g *global.Store, key string, lim uint64, rng *rand.Rand, charged, unkept *atomic.Uint64, stop <-chan struct{}) {
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -145,8 +149,12 @@ func stream(g *global.Store, key string, lim uint64, rng *rand.Rand, charged *at
 				_, _ = g.Evaluate(ctx, []limit.Check{budgetCheck(key, lim, 0, limit.ZeroCharge)})
 			case r == 8:
 			default:
+				// A global charge never waits on a store: it is always
+				// kept (spent here), never handed elsewhere.
 				if g.KeepCharges([]limit.Check{budgetCheck(key, lim, n, limit.ByHits)}) {
 					charged.Add(n)
+				} else {
+					unkept.Add(1)
 				}
 			}
 		})
