@@ -412,6 +412,7 @@ muts = [
     ("390 a global charge with no time left handed to the region's store","internal/global/global.go","\t\tcase c.Usage && c.Charge() && c.Hits > 0:\n","\t\tcase c.Usage && c.Charge() && c.Hits > 0 && false:\n","./internal/global","TestGlobalBudgetChargesSettleOnce"),
     ("391 a give-back whose answer was lost made again","internal/global/refill.go","\t\t\t// returned twice and granted again elsewhere, over the limit.\n\t\t\ts.m.hits(\"lost\", op.Check.Hits)\n","\t\t\t// returned twice and granted again elsewhere, over the limit.\n\t\t\te.avail += op.Check.Hits\n","./internal/global","TestLostGiveBackNotRepeated"),
     ("392 --global-domains not passed to the rules","cmd/ratelimitd/run.go","GlobalDomains: s.globalDomainList()}","}","./cmd/ratelimitd","TestGlobalDomainsAIGatewayBudget"),
+    ("393 a request failed in the region's store keeps its global hits","internal/global/decide.go","\tif err != nil {\n\t\ts.putBack(&p)\n\t\treturn nil, err\n","\tif err != nil {\n\t\treturn nil, err\n","./internal/global","TestCancelledCallers"),
 ]
 only = sys.argv[1:]
 missed = 0
