@@ -413,6 +413,7 @@ muts = [
     ("391 a give-back whose answer was lost made again","internal/global/refill.go","\t\t\t// returned twice and granted again elsewhere, over the limit.\n\t\t\ts.m.hits(\"lost\", op.Check.Hits)\n","\t\t\t// returned twice and granted again elsewhere, over the limit.\n\t\t\te.avail += op.Check.Hits\n","./internal/global","TestLostGiveBackNotRepeated"),
     ("392 --global-domains not passed to the rules","cmd/ratelimitd/run.go","GlobalDomains: s.globalDomainList()}","}","./cmd/ratelimitd","TestGlobalDomainsAIGatewayBudget"),
     ("393 a request failed in the region's store keeps its global hits","internal/global/decide.go","\tif err != nil {\n\t\ts.putBack(&p)\n\t\treturn nil, err\n","\tif err != nil {\n\t\treturn nil, err\n","./internal/global","TestCancelledCallers"),
+    ("394 a global charge not spent from the partition share","internal/global/decide.go","\t\t// takes the charge too (the home still has it owed).\n\t\tp.toLocal(i, s.shareCheck(c))\n","\t\t// takes the charge too (the home still has it owed).\n","./internal/global","TestBudgetPartitionShare"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -279,3 +279,74 @@ func TestSpentBudgetSettlesExactly(t *testing.T) {
 		t.Error("no call to the home failed: the cuts tested nothing")
 	}
 }
+
+// TestBudgetPartitionShare: a region cut off from the home before it
+// held anything, with the share policy: its budget checks are decided on
+// its share of the budget in its own Redis, which its charges spend;
+// once spent there, refused. After the heal the home has every token
+// charged meanwhile, and the region draws from it again.
+func TestBudgetPartitionShare(t *testing.T) {
+	clock := hourClock()
+	m := global.NewMetrics(prometheus.NewRegistry())
+	w := newWorldWith(t, 1, 1, func(int) time.Duration { return 10 * time.Millisecond }, 0,
+		global.Options{Refresh: 50 * time.Millisecond, HomeTimeout: 100 * time.Millisecond, OutAfter: 200 * time.Millisecond,
+			Policy: global.Share, Share: 0.2, Metrics: m, Now: clock},
+		func(o *redisstore.Options) { o.Timeout, o.ScriptTime = 100*time.Millisecond, clock })
+	g := w.regions[0].instances[0]
+	const key, lim = "g:shared", 1000
+	decide := func(c limit.Check) limit.Result {
+		t.Helper()
+		res, err := g.Evaluate(context.Background(), []limit.Check{c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	w.regions[0].wan.Partition()
+	deadline := time.Now().Add(5 * time.Second)
+	for testutil.ToFloat64(m.Requests.WithLabelValues("shared")) == 0 {
+		decide(budgetCheck(key, lim, 0, limit.ByHits))
+		if time.Now().After(deadline) {
+			t.Fatal("the home never counted as out")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	steps := []struct {
+		c    limit.Check
+		over bool
+		what string
+	}{
+		{budgetCheck(key, lim, 0, limit.ByHits), false, "a check on the unspent share"},
+		{budgetCheck(key, lim, 150, limit.ByHits), false, "a charge of 150 of the share of 200"},
+		{budgetCheck(key, lim, 0, limit.ByHits), false, "a check with 50 of the share left"},
+		{budgetCheck(key, lim, 100, limit.ByHits), true, "a charge of 100 with 50 left"},
+		{budgetCheck(key, lim, 0, limit.ByHits), true, "a check on the spent share"},
+	}
+	for _, st := range steps {
+		if r := decide(st.c); r.Over != st.over {
+			t.Errorf("%s: %+v, want over %v", st.what, r, st.over)
+		}
+	}
+	w.regions[0].wan.Heal()
+	eventually := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("not within 10 s: %s", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	eventually("the 250 tokens charged while cut off settled at the home", func() bool {
+		raw, err := w.home.Client().Get(context.Background(), key).Result()
+		_, count, _ := strings.Cut(raw, ":")
+		n, _ := strconv.ParseUint(count, 10, 64)
+		return err == nil && n >= 250
+	})
+	eventually("a check admitted from the home again", func() bool { return !decide(budgetCheck(key, lim, 0, limit.ByHits)).Over })
+	w.close()
+	if n := homeCount(t, w, key); n != 250 {
+		t.Errorf("the home counts %d; want the 250 charged", n)
+	}
+}
