@@ -405,7 +405,7 @@ muts = [
     ("383 a leaving instance's grant used after its window by the joining test","internal/global/refill.go","\te.validTill = start.Add(reset - margin)\n","\te.validTill = s.now().Add(reset - margin)\n","./internal/global","TestNeverOverJoiningAndLeaving"),
     ("384 the settle marks ignored: a resent settle counted twice","internal/redisstore/scripts/grant.lua","      if not settled(KEYS[k + 1], ARGV[b + 8], tonumber(ARGV[b + 9]), we, w) then\n","      if settled(KEYS[k + 1], ARGV[b + 8], tonumber(ARGV[b + 9]), we, w) or true then\n","./internal/global","TestSpentBudgetSettlesExactly"),
     ("385 a failed settle forgotten, not sent again","internal/global/refill.go","\tif err != nil {\n\t\ts.m.grant(\"failed\")\n","\tif err != nil {\n\t\te.settling = nil\n\t\ts.m.grant(\"failed\")\n","./internal/global","TestSpentBudgetSettlesExactly"),
-    ("386 a budget check admitted on a spent global budget","internal/global/decide.go","\tif valid && e.avail > 0 || !s.out && e.left(p.now) > 0 {\n","\tif valid && e.avail > 0 || !s.out {\n","./internal/global","TestGlobalBudgetAnswers"),
+    ("386 a budget check admitted on a spent global budget","internal/global/decide.go","\tcase est == 0 && (valid && e.avail > 0 || !s.out && e.left(p.now) > 0):\n","\tcase est == 0 && (valid && e.avail > 0 || !s.out):\n","./internal/global","TestGlobalBudgetSpentElsewhere"),
     ("387 a charge beyond what is held not owed to the home","internal/global/decide.go","\te.owe(e.chargeWindow(now), owed)\n\treturn true\n","\treturn false\n","./internal/global","TestGlobalBudgetAnswers"),
     ("388 a settle a window late dropped","internal/redisstore/scripts/grant.lua","elseif op == SETTLE and (gend == 0 or gend >= we - w) then","elseif op == SETTLE and (gend == 0 or gend >= we) then","./internal/redisstore","TestSettleCountedOnce"),
     ("389 --global-domains patterns taken only whole","config/load.go","ok && strings.HasPrefix(domain, prefix) || p == domain","ok && prefix == domain || p == domain","./config","TestGlobalDomains"),
@@ -414,6 +414,8 @@ muts = [
     ("392 --global-domains not passed to the rules","cmd/ratelimitd/run.go","GlobalDomains: s.globalDomainList()}","}","./cmd/ratelimitd","TestGlobalDomainsAIGatewayBudget"),
     ("393 a request failed in the region's store keeps its global hits","internal/global/decide.go","\tif err != nil {\n\t\ts.putBack(&p)\n\t\treturn nil, err\n","\tif err != nil {\n\t\treturn nil, err\n","./internal/global","TestCancelledCallers"),
     ("394 a global charge not spent from the partition share","internal/global/decide.go","\t\t// takes the charge too (the home still has it owed).\n\t\tp.toLocal(i, s.shareCheck(c))\n","\t\t// takes the charge too (the home still has it owed).\n","./internal/global","TestBudgetPartitionShare"),
+    ("395 a global budget check holds nothing while its stream runs","internal/global/global.go","\treturn min(uint64(math.Ceil(e.perCheck)), max(1, e.check.Limit/8))\n","\treturn min(uint64(math.Ceil(e.perCheck)), 0)\n","./internal/global","TestGlobalBudgetHoldsFlights"),
+    ("396 a charge ends no flight: holds stay until the timeout","internal/global/global.go","\tf := e.flights[0]\n\te.flights = e.flights[1:]\n\tif f.gen != e.gen || !valid {\n","\tf := e.flights[0]\n\tif true {\n","./internal/global","TestGlobalBudgetHoldsFlights"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -188,8 +188,15 @@ func TestGlobalBudgetAnswers(t *testing.T) {
 	if r := decide(budgetCheck(key, lim, 600, limit.ByHits)); r.Over {
 		t.Errorf("a charge of 600 of 1000: %+v, want not over", r)
 	}
-	if r := decide(budgetCheck(key, lim, 0, limit.ByHits)); r.Over {
-		t.Errorf("a check with 400 left: %+v, want admitted", r)
+	// The charge taught what a stream spends: a check now holds that
+	// much of the grant (at most an eighth of the budget), once this
+	// instance holds it: a draw away.
+	deadline := time.Now().Add(5 * time.Second)
+	for r := decide(budgetCheck(key, lim, 0, limit.ByHits)); r.Over; r = decide(budgetCheck(key, lim, 0, limit.ByHits)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a check with 400 left: %+v, want admitted within 5 s", r)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if r := decide(budgetCheck(key, lim, 600, limit.ByHits)); !r.Over || r.Remaining != 0 {
 		t.Errorf("a charge of 600 with 400 left: %+v, want over, nothing left", r)
@@ -204,7 +211,7 @@ func TestGlobalBudgetAnswers(t *testing.T) {
 		t.Errorf("a request costing 1 on the spent budget: %+v, want refused", r)
 	}
 	admitted := 0
-	deadline := time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(10 * time.Second)
 	for admitted < 20 && time.Now().Before(deadline) {
 		if r := decide(budgetCheck("g:plain", 20, 1, limit.CostCheck)); !r.Over {
 			admitted++
@@ -348,5 +355,106 @@ func TestBudgetPartitionShare(t *testing.T) {
 	w.close()
 	if n := homeCount(t, w, key); n != 250 {
 		t.Errorf("the home counts %d; want the 250 charged", n)
+	}
+}
+
+// TestGlobalBudgetHoldsFlights: once a charge has taught what a stream
+// spends (500 of a budget of 5,000), each admitted check holds that much
+// of the grants while its stream runs, and grants add up to at most the
+// budget: over two instances, checks whose streams have not ended are
+// admitted only while the budget covers them (8, after 1,000 charged),
+// and when they all charge, the spend stays within the budget.
+func TestGlobalBudgetHoldsFlights(t *testing.T) {
+	clock := hourClock()
+	w := newWorldWith(t, 1, 2, func(int) time.Duration { return 5 * time.Millisecond }, 0,
+		global.Options{Refresh: 20 * time.Millisecond, Now: clock}, func(o *redisstore.Options) { o.ScriptTime = clock })
+	gs := w.regions[0].instances
+	const key, lim, spend = "g:flights", 5000, 500
+	decide := func(g *global.Store, c limit.Check) limit.Result {
+		t.Helper()
+		res, err := g.Evaluate(context.Background(), []limit.Check{c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	for _, g := range gs {
+		decide(g, budgetCheck(key, lim, 0, limit.ByHits))
+		decide(g, budgetCheck(key, lim, spend, limit.ByHits))
+	}
+	admitted := 0
+	for i := 0; i < 200; i++ {
+		if !decide(gs[i%2], budgetCheck(key, lim, 0, limit.ByHits)).Over {
+			admitted++
+		}
+		time.Sleep(10 * time.Millisecond) // draws land meanwhile
+	}
+	if admitted > (lim-2*spend)/spend || admitted == 0 {
+		t.Errorf("%d streams admitted in flight at once; want some, at most the %d the budget's %d left covers", admitted, (lim-2*spend)/spend, lim-2*spend)
+	}
+	for i := range admitted {
+		decide(gs[i%2], budgetCheck(key, lim, spend, limit.ByHits))
+	}
+	// Streams one after another: each charge ends its check's flight and
+	// pays from its hold, so the budget serves them all (9 of 500 with
+	// 500 charged before).
+	const next = "g:flights2"
+	decide(gs[0], budgetCheck(next, lim, 0, limit.ByHits))
+	decide(gs[0], budgetCheck(next, lim, spend, limit.ByHits))
+	for i := range 8 {
+		deadline := time.Now().Add(2 * time.Second)
+		for decide(gs[0], budgetCheck(next, lim, 0, limit.ByHits)).Over {
+			if time.Now().After(deadline) {
+				t.Fatalf("stream %d of 500 refused with %d of the budget charged", i+2, (i+1)*spend)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		decide(gs[0], budgetCheck(next, lim, spend, limit.ByHits))
+	}
+	w.close()
+	if n := homeCount(t, w, key); n != uint64(2+admitted)*spend || n > lim {
+		t.Errorf("the home counts %d; want the %d charged, within the budget %d", n, (2+admitted)*spend, lim)
+	}
+	if n := homeCount(t, w, next); n != 9*spend {
+		t.Errorf("the home counts %d of the streams one after another; want the %d charged", n, 9*spend)
+	}
+}
+
+// TestGlobalBudgetSpentElsewhere: an instance that has seen no charge of
+// a budget (its streams' ends went elsewhere) and holds none of it
+// refuses its checks once the home, read every refresh, says another
+// region spent it all.
+func TestGlobalBudgetSpentElsewhere(t *testing.T) {
+	clock := hourClock()
+	w := newWorldWith(t, 2, 1, func(int) time.Duration { return 5 * time.Millisecond }, 0,
+		global.Options{Refresh: 20 * time.Millisecond, Now: clock}, func(o *redisstore.Options) { o.ScriptTime = clock })
+	a, b := w.regions[0].instances[0], w.regions[1].instances[0]
+	const key, lim = "g:elsewhere", 1000
+	ctx := context.Background()
+	if _, err := a.Evaluate(ctx, []limit.Check{budgetCheck(key, lim, lim, limit.ByHits)}); err != nil {
+		t.Fatal(err)
+	}
+	// Settled at the home before b first asks: b never holds any of it
+	// (held, a hit would be the budget's unspent last, and admit checks
+	// as a region's budget with a hit left does).
+	deadline := time.Now().Add(5 * time.Second)
+	for w.home.Client().Exists(ctx, key).Val() == 0 || homeCount(t, w, key) < lim {
+		if time.Now().After(deadline) {
+			t.Fatal("the charge never settled at the home")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for {
+		res, err := b.Evaluate(ctx, []limit.Check{budgetCheck(key, lim, 0, limit.ByHits)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Over {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the budget spent in another region still admits checks here after 5 s: %+v", res[0])
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

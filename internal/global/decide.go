@@ -26,6 +26,8 @@ type reservation struct {
 	e    *entry
 	gen  uint64
 	hits uint64
+	// flight: a budget check's, in flight once the request is admitted.
+	flight bool
 }
 
 func (p *plan) toLocal(i int, c limit.Check) {
@@ -82,6 +84,9 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 		}
 	}
 	if len(p.sub) == 0 {
+		if !p.refused {
+			s.fly(&p)
+		}
 		return p.results, nil
 	}
 	got, err := s.local.Evaluate(ctx, p.sub)
@@ -89,6 +94,14 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 		s.putBack(&p)
 		return nil, err
 	}
+	s.finish(&p, got)
+	return p.results, nil
+}
+
+// finish takes Local's results in (got) and settles what is held: a
+// request admitted by both puts its budget checks in flight; one Local
+// refuses gives its reservations back.
+func (s *Store) finish(p *plan, got []limit.Result) {
 	admitted := !p.refused
 	for j, i := range p.idx {
 		p.results[i] = got[j]
@@ -96,10 +109,23 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 			admitted = false
 		}
 	}
-	if !admitted && !p.refused {
-		s.putBack(&p)
+	switch {
+	case admitted:
+		s.fly(p)
+	case !p.refused:
+		s.putBack(p)
 	}
-	return p.results, nil
+}
+
+// fly puts an admitted request's budget checks in flight.
+func (s *Store) fly(p *plan) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range p.res {
+		if r.flight && r.e.gen == r.gen {
+			r.e.flights = append(r.e.flights, flight{at: p.now, hits: r.hits, gen: r.gen})
+		}
+	}
 }
 
 // reserve decides global check i from what is held, or leaves it to the
@@ -142,7 +168,7 @@ func (s *Store) reserve(p *plan, checks []limit.Check, i int) {
 	if valid && e.avail >= hits {
 		e.avail -= hits
 		e.used += hits
-		p.res = append(p.res, reservation{e, e.gen, hits})
+		p.res = append(p.res, reservation{e: e, gen: e.gen, hits: hits})
 		p.results[i] = s.answer(e, p.now)
 		s.m.request("local")
 		// Below a lead's worth at the demand seen: top up now, not at
@@ -190,17 +216,32 @@ func (s *Store) shareCheck(c *limit.Check) limit.Check {
 }
 
 // budgetCheck decides a global budget's check (a usage rule's call
-// stating no hits): admitted while this instance holds hits of it, or
-// the home, last heard at most a refresh ago, had some left beyond the
-// charges not yet settled there. Called with mu held.
+// stating no hits). Once charges have taught what a stream spends, the
+// check holds that much of the grant while its stream runs, admitted
+// only if this instance holds it: the streams in flight in every region
+// are then covered by grants, which add up to at most the budget. Before
+// that, it is admitted while this instance holds hits, or the home, last
+// heard at most a refresh ago, had some left beyond the charges not yet
+// settled there. Called with mu held.
 func (s *Store) budgetCheck(p *plan, i int, c *limit.Check, e *entry, valid bool) {
 	e.usage = true
-	if valid && e.avail > 0 || !s.out && e.left(p.now) > 0 {
-		p.results[i] = s.usageAnswer(e, p.now, valid)
-		s.m.request("local")
+	est := e.estimate()
+	e.Asked += est
+	switch {
+	case est > 0 && valid && e.avail >= est:
+		e.avail -= est
+		e.used += est
+		p.res = append(p.res, reservation{e: e, gen: e.gen, hits: est, flight: true})
+		if float64(e.avail) < e.Rate*(s.opts.Refresh+s.rtt).Seconds() {
+			p.short = true
+		}
+	case est == 0 && (valid && e.avail > 0 || !s.out && e.left(p.now) > 0):
+	default:
+		s.beyondHeld(p, i, c, e)
 		return
 	}
-	s.beyondHeld(p, i, c, e)
+	p.results[i] = s.usageAnswer(e, p.now, valid)
+	s.m.request("local")
 }
 
 // charge takes a global budget's usage charge, whatever the decision:
@@ -211,11 +252,12 @@ func (s *Store) charge(p *plan, i int, c *limit.Check, e *entry) {
 	e.usage = true
 	hits := c.SaturatedHits()
 	valid := p.now.Before(e.validTill)
+	landed := e.land(hits, valid)
 	left := e.left(p.now)
 	if valid {
 		left += e.avail
 	}
-	if s.spend(e, hits, p.now) {
+	if s.spend(e, hits, landed, p.now) {
 		p.short = true
 	}
 	r := s.usageAnswer(e, p.now, valid)
@@ -231,9 +273,10 @@ func (s *Store) charge(p *plan, i int, c *limit.Check, e *entry) {
 }
 
 // spend takes hits charged now on e from what is held and owes the rest
-// to the home; it reports whether any is owed. Called with mu held.
-func (s *Store) spend(e *entry, hits uint64, now time.Time) bool {
-	e.Asked += hits
+// to the home; it reports whether any is owed. counted is the part of
+// the demand its check counted already. Called with mu held.
+func (s *Store) spend(e *entry, hits, counted uint64, now time.Time) bool {
+	e.Asked += hits - min(hits, counted)
 	owed := hits
 	if now.Before(e.validTill) {
 		k := min(e.avail, hits)

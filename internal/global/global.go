@@ -18,6 +18,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -162,7 +163,7 @@ func (s *Store) KeepCharges(checks []limit.Check) bool {
 		case c.Usage && c.Charge() && c.Hits > 0:
 			if e := s.entry(c, now); e != nil {
 				e.usage = true
-				s.spend(e, c.SaturatedHits(), now)
+				s.spend(e, c.SaturatedHits(), e.land(c.SaturatedHits(), now.Before(e.validTill)), now)
 				kept = true
 			} else {
 				s.m.hits("abandoned", c.SaturatedHits())
@@ -231,6 +232,59 @@ type entry struct {
 	debts    []debt
 	settling *debt
 	seq      uint64
+	// flights are the budget checks admitted here whose streams have not
+	// ended, oldest first: each holds its share of the grant until a
+	// charge (or zero charge) ends it, or --usage-timeout. perCheck is a
+	// stream's charge, averaged over the last limit.AvgCharges seen here
+	// (charges counts them, up to that).
+	flights  []flight
+	perCheck float64
+	charges  float64
+}
+
+// flight is a budget check admitted at at, holding hits of the grant of
+// generation gen.
+type flight struct {
+	at   time.Time
+	hits uint64
+	gen  uint64
+}
+
+// estimate is what a budget check holds of the grant while its stream
+// runs: a stream's charge as seen here, never more than an eighth of the
+// limit (a draw takes at most a quarter of what remains: a larger
+// estimate could never be held). Zero until a charge is seen.
+func (e *entry) estimate() uint64 {
+	return min(uint64(math.Ceil(e.perCheck)), max(1, e.check.Limit/8))
+}
+
+// land ends the oldest flight at a charge of hits: what it held goes
+// back to the grant (the charge is paid from it), and the charge teaches
+// the usage per check. It returns what the flight held (0: none here).
+func (e *entry) land(hits uint64, valid bool) uint64 {
+	e.charges = min(e.charges+1, limit.AvgCharges)
+	e.perCheck += (float64(hits) - e.perCheck) / e.charges
+	if len(e.flights) == 0 {
+		return 0
+	}
+	f := e.flights[0]
+	e.flights = e.flights[1:]
+	if f.gen != e.gen || !valid {
+		return 0
+	}
+	e.avail += f.hits
+	return f.hits
+}
+
+// expireFlights ends the flights older than timeout: their streams never
+// charged (cancelled, or ended at another instance). Called with mu held.
+func (e *entry) expireFlights(now time.Time, timeout time.Duration) {
+	for len(e.flights) > 0 && now.Sub(e.flights[0].at) > timeout {
+		if f := e.flights[0]; f.gen == e.gen && now.Before(e.validTill) {
+			e.avail += f.hits
+		}
+		e.flights = e.flights[1:]
+	}
 }
 
 // debt is usage charged beyond what was held, owed to the home: hits of

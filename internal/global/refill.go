@@ -167,14 +167,7 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 		if e.inFlight {
 			continue
 		}
-		e.Measure(now, s.opts.Refresh/4)
-		if e.avail > 0 && !now.Before(e.validTill) {
-			// The window ended, as far as this clock can tell: its hits
-			// can be used in no other, nor given back.
-			s.m.hits("lost", e.avail)
-			e.avail, e.used = 0, 0
-			e.gen++
-		}
+		s.age(e, now, all)
 		for _, op := range s.settleOps(e, all) {
 			ops, es = append(ops, op), append(es, e)
 			e.inFlight = true
@@ -188,7 +181,7 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 			e.gen++
 		case all:
 		case idle:
-			if !e.inFlight && e.owed() == 0 {
+			if !e.inFlight && e.owed() == 0 && len(e.flights) == 0 {
 				delete(s.entries, k)
 			}
 		default:
@@ -203,6 +196,27 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 		}
 	}
 	return ops, es
+}
+
+// age brings e to now before a pass: its demand measured, its flights
+// expired (closing, all of them), and what it holds dropped once its
+// window has ended. Called with mu held.
+func (s *Store) age(e *entry, now time.Time, all bool) {
+	e.Measure(now, s.opts.Refresh/4)
+	if all {
+		// Closing: the streams in flight end at other instances, which
+		// pay their charges; what they held here goes back.
+		e.expireFlights(now, -1)
+	} else {
+		e.expireFlights(now, flightTimeout(e.check.FlightS))
+	}
+	if e.avail > 0 && !now.Before(e.validTill) {
+		// The window ended, as far as this clock can tell: its hits can
+		// be used in no other, nor given back.
+		s.m.hits("lost", e.avail)
+		e.avail, e.used = 0, 0
+		e.gen++
+	}
 }
 
 // settleOps returns the settles of e due: the one sent before and not
@@ -259,6 +273,9 @@ func (s *Store) drawSize(e *entry, now time.Time, lead time.Duration) uint64 {
 	}
 	want := uint64(math.Ceil(e.Rate * min(lead, span).Seconds()))
 	want = max(want, e.Asked, 1) // a new counter: what it was asked so far
+	// A budget check holds a stream's estimate whole: hold two, so that
+	// the next check finds one while the draw for more is on its way.
+	want = max(want, 2*e.estimate())
 	if now.Before(e.validTill) && e.avail >= want {
 		return 0
 	}
@@ -302,4 +319,13 @@ func (s *Store) granted(e *entry, asked uint64, r limit.GrantResult, start time.
 	if r.Remaining == 0 {
 		e.dryUntil = e.resetAt
 	}
+}
+
+// flightTimeout is how long a budget check stays in flight without its
+// charge: the rule's (--usage-timeout), else five minutes.
+func flightTimeout(flightS int64) time.Duration {
+	if flightS <= 0 {
+		return 5 * time.Minute
+	}
+	return time.Duration(flightS) * time.Second
 }
