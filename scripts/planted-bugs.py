@@ -416,6 +416,7 @@ muts = [
     ("394 a global charge not spent from the partition share","internal/global/decide.go","\t\t// takes the charge too (the home still has it owed).\n\t\tp.toLocal(i, s.shareCheck(c))\n","\t\t// takes the charge too (the home still has it owed).\n","./internal/global","TestBudgetPartitionShare"),
     ("395 a global budget check holds nothing while its stream runs","internal/global/global.go","\treturn min(uint64(math.Ceil(e.perCheck)), max(1, e.check.Limit/8))\n","\treturn min(uint64(math.Ceil(e.perCheck)), 0)\n","./internal/global","TestGlobalBudgetHoldsFlights"),
     ("396 a charge ends no flight: holds stay until the timeout","internal/global/global.go","\tf := e.flights[0]\n\te.flights = e.flights[1:]\n\tif f.gen != e.gen || !valid {\n","\tf := e.flights[0]\n\tif true {\n","./internal/global","TestGlobalBudgetHoldsFlights"),
+    ("397 a request phase costing 1 on a global budget holds no estimate","internal/global/decide.go","\tcase c.Usage && (hits == 0 || c.Kind == limit.CostCheck && e.estimate() > 0):\n","\tcase c.Usage && hits == 0:\n","./internal/global","TestGlobalBudgetHoldsFlights"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -411,6 +411,21 @@ func TestGlobalBudgetHoldsFlights(t *testing.T) {
 		}
 		decide(gs[0], budgetCheck(next, lim, spend, limit.ByHits))
 	}
+	// Envoy AI Gateway's request phase states no hits: it costs 1, and on
+	// a budget this instance has seen charged it holds the estimate too.
+	const phase = "g:flights3"
+	decide(gs[0], budgetCheck(phase, lim, 0, limit.ByHits))
+	decide(gs[0], budgetCheck(phase, lim, spend, limit.ByHits))
+	costly := 0
+	for range 200 {
+		if !decide(gs[0], budgetCheck(phase, lim, 1, limit.CostCheck)).Over {
+			costly++
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if costly > (lim-spend)/(spend+1) || costly == 0 {
+		t.Errorf("%d request phases admitted in flight at once; want some, at most the %d the budget's %d left covers", costly, (lim-spend)/(spend+1), lim-spend)
+	}
 	w.close()
 	if n := homeCount(t, w, key); n != uint64(2+admitted)*spend || n > lim {
 		t.Errorf("the home counts %d; want the %d charged, within the budget %d", n, (2+admitted)*spend, lim)

@@ -157,7 +157,7 @@ func (s *Store) reserve(p *plan, checks []limit.Check, i int) {
 	case c.Usage && c.Charge():
 		s.charge(p, i, c, e)
 		return
-	case c.Usage && hits == 0:
+	case c.Usage && (hits == 0 || c.Kind == limit.CostCheck && e.estimate() > 0):
 		s.budgetCheck(p, i, c, e, valid)
 		return
 	case hits == 0:
@@ -216,7 +216,8 @@ func (s *Store) shareCheck(c *limit.Check) limit.Check {
 }
 
 // budgetCheck decides a global budget's check (a usage rule's call
-// stating no hits). Once charges have taught what a stream spends, the
+// stating no hits, or, once this instance has seen its charges, a
+// request phase that costs its hit: that is consumed too). Once charges have taught what a stream spends, the
 // check holds that much of the grant while its stream runs, admitted
 // only if this instance holds it: the streams in flight in every region
 // are then covered by grants, which add up to at most the budget. Before
@@ -225,13 +226,16 @@ func (s *Store) shareCheck(c *limit.Check) limit.Check {
 // settled there. Called with mu held.
 func (s *Store) budgetCheck(p *plan, i int, c *limit.Check, e *entry, valid bool) {
 	e.usage = true
-	est := e.estimate()
-	e.Asked += est
+	est, cost := e.estimate(), c.SaturatedHits() // cost: a request phase's stated 1
+	e.Asked += est + cost
 	switch {
-	case est > 0 && valid && e.avail >= est:
-		e.avail -= est
-		e.used += est
+	case est > 0 && valid && e.avail >= est+cost:
+		e.avail -= est + cost
+		e.used += est + cost
 		p.res = append(p.res, reservation{e: e, gen: e.gen, hits: est, flight: true})
+		if cost > 0 {
+			p.res = append(p.res, reservation{e: e, gen: e.gen, hits: cost})
+		}
 		if float64(e.avail) < e.Rate*(s.opts.Refresh+s.rtt).Seconds() {
 			p.short = true
 		}
