@@ -215,31 +215,46 @@ func (s *Store) shareCheck(c *limit.Check) limit.Check {
 	return sc
 }
 
-// budgetCheck decides a global budget's check (a usage rule's call
-// stating no hits, or, once this instance has seen its charges, a
-// request phase that costs its hit: that is consumed too). Once charges have taught what a stream spends, the
-// check holds that much of the grant while its stream runs, admitted
-// only if this instance holds it: the streams in flight in every region
-// are then covered by grants, which add up to at most the budget. Before
-// that, it is admitted while this instance holds hits, or the home, last
-// heard at most a refresh ago, had some left beyond the charges not yet
-// settled there. Called with mu held.
+// budgetCheck decides a global budget's check: a usage rule's call
+// stating no hits, or, once this instance has seen the budget charged, a
+// request phase that costs its hit (consumed too). Once charges have
+// taught what a stream spends, the check holds that much of the grant
+// while its stream runs, admitted only if this instance holds it, so
+// that the streams in flight in every region are covered by grants,
+// which add up to at most the budget; with no stream in flight here, it
+// is admitted while the budget has something left, holding what it
+// can. Before any charge, it is admitted while this instance holds
+// hits, or the home, last heard at most a refresh ago, had some left
+// beyond the charges not yet settled there (while the home is out: while
+// it holds some). Called with mu held.
 func (s *Store) budgetCheck(p *plan, i int, c *limit.Check, e *entry, valid bool) {
 	e.usage = true
 	est, cost := e.estimate(), c.SaturatedHits() // cost: a request phase's stated 1
 	e.Asked += est + cost
+	var held uint64
+	if valid {
+		held = e.avail
+	}
+	room := held
+	if !s.out {
+		room += e.left(p.now)
+	}
 	switch {
-	case est > 0 && valid && e.avail >= est+cost:
-		e.avail -= est + cost
-		e.used += est + cost
-		p.res = append(p.res, reservation{e: e, gen: e.gen, hits: est, flight: true})
+	case est == 0 && room > 0:
+	case est > 0 && held >= cost && (held >= est+cost || len(e.flights) == 0 && room > cost):
+		// The estimate held whole; or, no stream in flight here, what
+		// is held of it: the budget's last stream, as a region's budget
+		// admits it while something is left.
+		h := min(est, held-cost)
+		e.avail -= h + cost
+		e.used += h + cost
+		p.res = append(p.res, reservation{e: e, gen: e.gen, hits: h, flight: true})
 		if cost > 0 {
 			p.res = append(p.res, reservation{e: e, gen: e.gen, hits: cost})
 		}
-		if float64(e.avail) < e.Rate*(s.opts.Refresh+s.rtt).Seconds() {
+		if float64(e.avail) < e.Rate*(s.opts.Refresh+s.rtt).Seconds()+float64(est) {
 			p.short = true
 		}
-	case est == 0 && (valid && e.avail > 0 || !s.out && e.left(p.now) > 0):
 	default:
 		s.beyondHeld(p, i, c, e)
 		return
