@@ -55,7 +55,7 @@ func TestAIGatewayQuotaDeployment(t *testing.T) {
 	p := runAsIncumbent(t, map[string]string{
 		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_NODE_ID": "envoy-ai-gateway-ratelimit", "CONFIG_GRPC_XDS_SERVER_URL": mgmt.Addr,
 		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr(), "RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit",
-		"USE_STATSD": "false", "LOG_LEVEL": "debug",
+		"USE_STATSD": "false", "LOG_LEVEL": "debug", "REDIS_TIMEOUT": "2s", // answers by the counters, even on a busy machine
 	}, "--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system")
 	client := rlsv3.NewRateLimitServiceClient(dial(t, p.grpcAddr))
 	call := func(bucket string, cost uint64) rlsv3.RateLimitResponse_Code {

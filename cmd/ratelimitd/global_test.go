@@ -38,7 +38,7 @@ descriptors:
 `), 0o600)
 	var clients []rlsv3.RateLimitServiceClient
 	for range 2 {
-		in := start(t, env(nil), "--config", rules, "--redis-url", redistest.Start(t).URL(), "--global-redis-url", home.URL(),
+		in := start(t, env(nil), "--config", rules, "--redis-url", redistest.Start(t).URL(), "--redis-timeout", "2s", "--global-redis-url", home.URL(),
 			"--global-refresh", "50ms")
 		clients = append(clients, rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr)))
 		if !strings.Contains(in.log.String(), "global limits drawn from the home Redis") {
@@ -85,7 +85,7 @@ func TestGlobalDomainsAIGatewayBudget(t *testing.T) {
 	regions := func(args ...string) []rlsv3.RateLimitServiceClient {
 		var clients []rlsv3.RateLimitServiceClient
 		for range 2 {
-			in := start(t, env(nil), append([]string{"--xds-server", mgmt.Addr, "--redis-url", redistest.Start(t).URL(),
+			in := start(t, env(nil), append([]string{"--xds-server", mgmt.Addr, "--redis-url", redistest.Start(t).URL(), "--redis-timeout", "2s",
 				"--global-redis-url", home.URL(), "--global-refresh", "50ms"}, args...)...)
 			clients = append(clients, rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr)))
 		}
