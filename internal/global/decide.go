@@ -171,14 +171,17 @@ func (s *Store) reserve(p *plan, checks []limit.Check, i int) {
 		p.res = append(p.res, reservation{e: e, gen: e.gen, hits: hits})
 		p.results[i] = s.answer(e, p.now)
 		s.m.request("local")
-		// Below a lead's worth at the demand seen: top up now, not at
-		// the next tick, so the draw lands before what is held runs out.
-		if float64(e.avail) < e.Rate*(s.opts.Refresh+s.rtt).Seconds() {
-			p.short = true
-		}
+		p.short = p.short || s.low(e, 0)
 		return
 	}
 	s.beyondHeld(p, i, c, e)
+}
+
+// low reports that e holds less than a lead's worth at the demand seen,
+// plus extra: top up now, not at the next tick, so that the draw lands
+// before what is held runs out. Called with mu held.
+func (s *Store) low(e *entry, extra uint64) bool {
+	return float64(e.avail) < e.Rate*(s.opts.Refresh+s.rtt).Seconds()+float64(extra)
 }
 
 // beyondHeld answers global check i, which what is held cannot: in the
@@ -252,9 +255,7 @@ func (s *Store) budgetCheck(p *plan, i int, c *limit.Check, e *entry, valid bool
 		if cost > 0 {
 			p.res = append(p.res, reservation{e: e, gen: e.gen, hits: cost})
 		}
-		if float64(e.avail) < e.Rate*(s.opts.Refresh+s.rtt).Seconds()+float64(est) {
-			p.short = true
-		}
+		p.short = p.short || s.low(e, est)
 	default:
 		s.beyondHeld(p, i, c, e)
 		return
@@ -268,18 +269,10 @@ func (s *Store) budgetCheck(p *plan, i int, c *limit.Check, e *entry, valid bool
 // background. It is over, as a charge on a region's counter is, when it
 // spends more than was left. Called with mu held.
 func (s *Store) charge(p *plan, i int, c *limit.Check, e *entry) {
-	e.usage = true
 	hits := c.SaturatedHits()
-	valid := p.now.Before(e.validTill)
-	landed := e.land(hits, valid)
-	left := e.left(p.now)
-	if valid {
-		left += e.avail
-	}
-	if s.spend(e, hits, landed, p.now) {
-		p.short = true
-	}
-	r := s.usageAnswer(e, p.now, valid)
+	left, owed := s.spend(e, hits, p.now)
+	p.short = p.short || owed
+	r := s.usageAnswer(e, p.now, p.now.Before(e.validTill))
 	r.Over = hits > left
 	p.results[i] = r
 	p.refused = p.refused || r.Over && !c.NoVeto
@@ -291,23 +284,31 @@ func (s *Store) charge(p *plan, i int, c *limit.Check, e *entry) {
 	s.m.request("local")
 }
 
-// spend takes hits charged now on e from what is held and owes the rest
-// to the home; it reports whether any is owed. counted is the part of
-// the demand its check counted already. Called with mu held.
-func (s *Store) spend(e *entry, hits, counted uint64, now time.Time) bool {
-	e.Asked += hits - min(hits, counted)
-	owed := hits
-	if now.Before(e.validTill) {
+// spend takes a usage charge of hits made now on e: it ends the oldest
+// flight, whose hold goes back to pay it, takes it from what is held and
+// owes the rest to the home. It returns what was left before it (the
+// home's, less what is owed, and what is held) and whether any is owed.
+// Called with mu held.
+func (s *Store) spend(e *entry, hits uint64, now time.Time) (left uint64, owed bool) {
+	e.usage = true
+	valid := now.Before(e.validTill)
+	landed := e.land(hits, valid)
+	// The demand the check counted for its stream is the charge's part.
+	e.Asked += hits - min(hits, landed)
+	left = e.left(now)
+	rest := hits
+	if valid {
+		left += e.avail
 		k := min(e.avail, hits)
 		e.avail -= k
-		owed -= k
+		rest -= k
 		s.m.hits("charged", k)
 	}
-	if owed == 0 {
-		return false
+	if rest == 0 {
+		return left, false
 	}
-	e.owe(e.chargeWindow(now), owed)
-	return true
+	e.owe(e.chargeWindow(now), rest)
+	return left, true
 }
 
 // usageAnswer is a global budget's result decided here: what the home

@@ -162,8 +162,7 @@ func (s *Store) KeepCharges(checks []limit.Check) bool {
 			rest = append(rest, *c)
 		case c.Usage && c.Charge() && c.Hits > 0:
 			if e := s.entry(c, now); e != nil {
-				e.usage = true
-				s.spend(e, c.SaturatedHits(), e.land(c.SaturatedHits(), now.Before(e.validTill)), now)
+				s.spend(e, c.SaturatedHits(), now)
 				kept = true
 			} else {
 				s.m.hits("abandoned", c.SaturatedHits())
