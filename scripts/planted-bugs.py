@@ -417,6 +417,8 @@ muts = [
     ("395 a global budget check holds nothing while its stream runs","internal/global/global.go","\treturn min(uint64(math.Ceil(e.perCheck)), max(1, e.check.Limit/8))\n","\treturn min(uint64(math.Ceil(e.perCheck)), 0)\n","./internal/global","TestGlobalBudgetHoldsFlights"),
     ("396 a charge ends no flight: holds stay until the timeout","internal/global/global.go","\tf := e.flights[0]\n\te.flights = e.flights[1:]\n\tif f.gen != e.gen || !valid {\n","\tf := e.flights[0]\n\tif true {\n","./internal/global","TestGlobalBudgetHoldsFlights"),
     ("397 a request phase costing 1 on a global budget holds no estimate","internal/global/decide.go","\tcase c.Usage && (hits == 0 || c.Kind == limit.CostCheck && e.estimate() > 0):\n","\tcase c.Usage && hits == 0:\n","./internal/global","TestGlobalBudgetHoldsFlights"),
+    ("398 settle marks in another Cluster slot than their counter","internal/redisstore/grant.go","\treturn \"{\" + key + \"}|settled\"\n","\treturn key + \"|settled\"\n","./internal/redisstore","TestSettleOnCluster"),
+    ("399 --global-domains taken without a home","cmd/ratelimitd/validate.go","\tcase s.globalDomains != \"\" && s.globalURL == \"\":\n","\tcase s.globalDomains != \"\" && s.globalURL == \"-\":\n","./cmd/ratelimitd","TestFlagBounds"),
 ]
 only = sys.argv[1:]
 missed = 0
