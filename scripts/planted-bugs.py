@@ -419,6 +419,11 @@ muts = [
     ("397 a request phase costing 1 on a global budget holds no estimate","internal/global/decide.go","\tcase c.Usage && (hits == 0 || c.Kind == limit.CostCheck && e.estimate() > 0):\n","\tcase c.Usage && hits == 0:\n","./internal/global","TestGlobalBudgetHoldsFlights"),
     ("398 settle marks in another Cluster slot than their counter","internal/redisstore/grant.go","\treturn \"{\" + key + \"}|settled\"\n","\treturn key + \"|settled\"\n","./internal/redisstore","TestSettleOnCluster"),
     ("399 --global-domains taken without a home","cmd/ratelimitd/validate.go","\tcase s.globalDomains != \"\" && s.globalURL == \"\":\n","\tcase s.globalDomains != \"\" && s.globalURL == \"-\":\n","./cmd/ratelimitd","TestFlagBounds"),
+    ("400 a refused request keeps the usage calls of earlier slots","internal/limit/order.go","|| ch.Charge() || ch.Hits == 0 && !check {","|| ch.Usage || ch.Hits == 0 && !check {","./internal/service","TestSameAnswersOnEveryTopology|TestIncumbentSuiteRequestOnEveryTopology"),
+    ("401 a refused request keeps what earlier slots consumed","internal/limit/order.go","undo(ctx, checks, groups[:g], results, groups[g+1:])","undo(ctx, checks, nil, results, groups[g+1:])","./internal/service","TestSameAnswersOnEveryTopology"),
+    ("402 later slots of a refused request decided as admitted","internal/limit/order.go","checks: append(cs, Refusal(cs[0].Key))","checks: cs","./internal/service","TestSameAnswersOnEveryTopology"),
+    ("403 a budget check given back keeps its flight (script)","internal/redisstore/scripts/decide_keys.lua","if consume then act = rl elseif unfly then act = 3 end","if consume then act = rl end","./internal/service","TestSameAnswersOnEveryTopology"),
+    ("404 a budget check given back keeps its flight (limit)","internal/limit/limit.go","\t\t\tif givesBackFlight(c, st) {","\t\t\tif false && givesBackFlight(c, st) {","./internal/redisstore","TestBudgetMatchesMemstore"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -214,6 +214,38 @@ func fly(c *Check, st *State, now int64) {
 	st.Flights = fl
 }
 
+// givesBackFlight reports a refund that gives back a budget check's
+// flight: a call just admitted on the counter, given back because
+// another group refused its request, flew if it was a budget check — a
+// cost check on a budget, or a call stating 0 on a budget or on a
+// counter holding no count (see role).
+func givesBackFlight(c *Check, st *State) bool {
+	if !c.Refund || !c.Usage || c.Algorithm != FixedWindow || len(st.Flights) == 0 {
+		return false
+	}
+	zero := c.Kind == ByHits && c.Hits == 0
+	return st.Charges > 0 && (c.Kind == CostCheck || zero) || st.Charges == 0 && zero && st.Count == 0
+}
+
+// unfly takes one check out of the newest bucket of flights fl, the one
+// a check admitted a moment ago joined. The slice may be shared with a
+// stored state.
+func unfly(fl []Flight) []Flight {
+	n := len(fl)
+	if n == 0 {
+		return fl
+	}
+	if fl[n-1].N > 1 {
+		out := slices.Clone(fl)
+		out[n-1].N--
+		return out
+	}
+	if n == 1 {
+		return nil
+	}
+	return fl[: n-1 : n-1]
+}
+
 // land takes a charge of hits (zero for a ZeroCharge): it learns the
 // duration from the oldest flight's age while that age is trustworthy,
 // ends the flight nearest the duration (the oldest while none is

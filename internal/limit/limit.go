@@ -450,6 +450,12 @@ func apply(c *Check, st *State, now int64, consume bool) {
 		}
 		switch {
 		case c.Refund:
+			if givesBackFlight(c, st) {
+				// A budget check given back (another group refused
+				// its request, EvaluateInOrder) leaves the flights it
+				// joined, as if never admitted.
+				st.Flights = unfly(st.Flights)
+			}
 			st.Count -= min(st.Count, hits)
 		case consume:
 			st.Count = min(st.Count+hits, maxCount(c.Algorithm))

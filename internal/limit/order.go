@@ -3,6 +3,7 @@ package limit
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 )
 
@@ -16,18 +17,23 @@ type Group struct {
 // EvaluateInOrder decides a request whose checks span groups that no one
 // call can decide together: group by group, in the order given, stopping
 // at the first that rejects. What the earlier groups consumed is then
-// given back and the later groups are only read, so a rejected request
-// consumes nothing; a group that fails gives back the earlier ones'
-// consumption too. The fixed order works like lock ordering: requests
-// that contend for the same counters reach the later groups only if they
-// passed the earlier ones, so N concurrent identical requests at a limit
-// of 10 admit exactly 10. (Deciding the groups concurrently and giving
-// back on reject admitted 0 to 3 of 10 under 200 concurrent requests:
-// each request's transient consumption in one group rejected others
-// there.) A give-back can land in the next window when the request
-// straddles a boundary; it is never below zero. Usage charges are the
-// exception: recorded whatever the decision, they are never given back,
-// and a later group's are charged, not read.
+// given back and the later groups are decided as a refused request's
+// (each with a check that is always over, [Refusal]): judged as one call
+// would judge them, consuming nothing, so a rejected request consumes
+// nothing and answers as it would in one call; a group that fails gives
+// back the earlier ones' consumption too. The fixed order works like
+// lock ordering: requests that contend for the same counters reach the
+// later groups only if they passed the earlier ones, so N concurrent
+// identical requests at a limit of 10 admit exactly 10. (Deciding the
+// groups concurrently and giving back on reject admitted 0 to 3 of 10
+// under 200 concurrent requests: each request's transient consumption
+// in one group rejected others there.) A give-back can land in the next
+// window when the request straddles a boundary; it is never below zero.
+// Usage charges (Check.Charge) are the exception: recorded whatever the
+// decision, they are never given back, and a later group's are charged
+// as a refused request's are. Every other call on a usage rule (a
+// request that costs its hits, a budget check that costs 1) is given
+// back like any request's hits: only a stated charge is kept.
 func EvaluateInOrder(ctx context.Context, checks []Check, groups []Group) ([]Result, error) {
 	results := make([]Result, len(checks))
 	for g, grp := range groups {
@@ -55,8 +61,24 @@ func EvaluateInOrder(ctx context.Context, checks []Check, groups []Group) ([]Res
 	return results, nil
 }
 
-// undo gives back what the done groups consumed and reads the rest
-// (refunds among them still apply), concurrently, filling results.
+// Refusal returns a check that is always over and writes nothing (a limit
+// of 0), keyed to share key's Redis Cluster hash slot: beside a group's
+// checks, it makes one call decide them as a refused request's. Its key
+// is never a counter's: a counter key holds no NUL byte after its hash
+// tag.
+func Refusal(key string) Check {
+	tag := key
+	if s := strings.IndexByte(key, '{'); s >= 0 {
+		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
+			tag = key[s+1 : s+1+e]
+		}
+	}
+	return Check{Key: "{" + tag + "}\x00refused", Limit: 0, WindowUS: 1_000_000, Hits: 1}
+}
+
+// undo gives back what the done groups consumed and decides the rest as
+// a refused request's (refunds and charges among them still apply),
+// concurrently, filling results.
 func undo(ctx context.Context, checks []Check, done []Group, results []Result, rest []Group) error {
 	type call struct {
 		idx    []int
@@ -68,7 +90,11 @@ func undo(ctx context.Context, checks []Check, done []Group, results []Result, r
 		c := call{eval: grp.Eval}
 		for _, i := range grp.Idx {
 			ch := checks[i]
-			if ch.Refund || ch.Hits == 0 || results[i].Over || ch.Usage {
+			// A budget check (a usage call stating 0) consumes no
+			// hits but may have joined the flights: its give-back of 0
+			// takes it out.
+			check := ch.Usage && ch.Kind == ByHits && ch.Hits == 0 && ch.Algorithm == FixedWindow
+			if ch.Refund || results[i].Over || ch.Charge() || ch.Hits == 0 && !check {
 				continue // consumed nothing, or a usage charge: kept
 			}
 			ch.Refund = true
@@ -79,12 +105,8 @@ func undo(ctx context.Context, checks []Check, done []Group, results []Result, r
 		}
 	}
 	for _, grp := range rest {
-		c := call{idx: grp.Idx, eval: grp.Eval, checks: Subset(checks, grp.Idx, func(ch *Check) {
-			if !ch.Refund && !ch.Charge() {
-				ch.Hits, ch.Usage = 0, false
-			}
-		})}
-		calls = append(calls, c)
+		cs := Subset(checks, grp.Idx, nil)
+		calls = append(calls, call{idx: grp.Idx, eval: grp.Eval, checks: append(cs, Refusal(cs[0].Key))})
 	}
 	errs := make([]error, len(calls))
 	var wg sync.WaitGroup
@@ -96,14 +118,12 @@ func undo(ctx context.Context, checks []Check, done []Group, results []Result, r
 				return
 			}
 			for j, i := range c.idx {
-				if checks[i].Charge() {
-					results[i] = res[j]
-				} else if checks[i].Refund || c.checks[j].Refund {
+				if c.checks[j].Refund && !checks[i].Refund {
+					// A give-back: the decision stands, the counter
+					// is as it is now.
 					results[i].Remaining, results[i].ResetUS = res[j].Remaining, res[j].ResetUS
 				} else {
-					// A read: over when this request's hits would not fit.
 					results[i] = res[j]
-					results[i].Over = checks[i].Hits > res[j].Remaining
 				}
 			}
 		})

@@ -69,7 +69,7 @@ func TestBudgetMatchesMemstore(t *testing.T) {
 	clock.Store(time.Now().Truncate(time.Minute).Add(time.Second).UnixMicro())
 	rng := rand.New(rand.NewPCG(11, 12))
 	limits := []uint64{0, 3000, 20_000, 1_000_000}
-	held := 0
+	held, givenBack := 0, 0
 	for i := range 4000 {
 		switch r := rng.IntN(50); {
 		case r == 0:
@@ -111,12 +111,32 @@ func TestBudgetMatchesMemstore(t *testing.T) {
 			}
 			checks = append(checks, c)
 		}
-		for _, r := range mustMatch(t, rs, ms, checks, i, clock) {
+		res := mustMatch(t, rs, ms, checks, i, clock)
+		admitted := true
+		for _, r := range res {
 			if r.Over && r.Remaining > 0 {
 				held++
 			}
+			admitted = admitted && !r.Over
+		}
+		if admitted && rng.IntN(6) == 0 {
+			// Given back, as limit.EvaluateInOrder gives back what an
+			// earlier hash slot consumed when a later one refuses: a
+			// budget check leaves its flight.
+			var back []limit.Check
+			for _, c := range checks {
+				if !c.Charge() && c.PairID == "" {
+					c.Refund = true
+					back = append(back, c)
+				}
+			}
+			if len(back) > 0 {
+				mustMatch(t, rs, ms, back, i, clock)
+				givenBack++
+			}
 		}
 	}
+	t.Logf("%d requests given back", givenBack)
 	if held == 0 {
 		t.Fatal("no check was held for its flights: the test drives nothing of the bound")
 	}

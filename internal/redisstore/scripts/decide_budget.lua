@@ -196,7 +196,8 @@ end
 
 -- budgetval returns a fixed window's value and PX with a budget's state
 -- (bs, or none) after act: 1 a budget check admitted goes in flight, 2 a
--- charge of h lands; nil when nothing is left to keep.
+-- charge of h lands, 3 a cost check given back leaves the newest bucket
+-- (limit.unfly); nil when nothing is left to keep.
 local function budgetval(q, h, c, act, bs, pair, pms, pflew)
   local av, ak, dur, fl, peek = 0, 0, 0, nil, false
   if bs then av, ak, dur, fl, peek = bs[1], bs[2], bs[3], bs[4], bs[5] end
@@ -204,6 +205,8 @@ local function budgetval(q, h, c, act, bs, pair, pms, pflew)
     fl = fly(q, fl, dur, ak, pair)
   elseif act == 2 then
     av, ak, dur, fl = land(h, c, av, ak, dur, fl, pair, pms, pflew)
+  elseif act == 3 then
+    fl = endflight(fl, #fl - 2)
   end
   return budgetstate(q, c, av, ak, dur, fl, peek)
 end

@@ -200,9 +200,9 @@ local function applysliding(q, c, p)
 end
 
 -- applyfixed is the request's i-th key, a fixed window of count c after
--- its hits h, whose usage role rl acted when consumed: remaining, reset,
--- value and PX.
-local function applyfixed(i, q, h, c, consume, pair, pms, pflew)
+-- its hits h, whose usage role rl acted when consumed (a cost check given
+-- back, unfly, leaves its flight): remaining, reset, value and PX.
+local function applyfixed(i, q, h, c, consume, pair, pms, pflew, unfly)
   local l, bs, rl, before = lim[q], key_budget[i], key_role[i], key_count[i]
   local remaining, reset = 0, e[q] - now
   if c < l then remaining = l - c end
@@ -211,7 +211,7 @@ local function applyfixed(i, q, h, c, consume, pair, pms, pflew)
     reset = retry(q, bs, pair)
   end
   local act = 0
-  if consume then act = rl end
+  if consume then act = rl elseif unfly then act = 3 end
   if bs or act > 0 then
     local val, ex = budgetval(q, h, c, act, bs, pair, pms, pflew)
     return remaining, reset, val, ex
@@ -238,7 +238,10 @@ local function settle(i, k, admitted)
   elseif a == SLIDING_WINDOW then
     remaining, reset, val, ex = applysliding(q, count(a, c, h, refund, consume), key_prev[i])
   else
-    remaining, reset, val, ex = applyfixed(i, q, h, count(a, c, h, refund, consume), consume, pair, pms, pflew)
+    -- A budget check given back leaves its flight (limit.givesBackFlight).
+    local bs, zero = key_budget[i], kind == BY_HITS and h == 0
+    local unfly = refund and usage and bs and bs[4] and (bs[2] > 0 and (kind == COST_CHECK or zero) or bs[2] == 0 and zero and c == 0)
+    remaining, reset, val, ex = applyfixed(i, q, h, count(a, c, h, refund, consume), consume, pair, pms, pflew, unfly)
   end
   writekey(k, val, ex, key_raw[i])
   -- The request's first call admitted keeps when, for its stream end,
