@@ -249,7 +249,9 @@ type Snapshot struct {
 	domains map[string]*Domain
 	// Files are the rules files that were loaded, in load order.
 	Files []string
-	// Hash is a hex SHA-256 over the files' names and contents.
+	// Hash is a hex SHA-256 over the files' contents and their names
+	// relative to the rules root (a file's base name), the same however
+	// the rules path is spelled.
 	Hash string
 	// LoadedAt is when the snapshot was built.
 	LoadedAt time.Time

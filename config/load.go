@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -91,7 +92,10 @@ func LoadWith(ctx context.Context, opts Options, paths ...string) (*Snapshot, er
 			errs = append(errs, err)
 			continue
 		}
-		docs = append(docs, Doc{Name: f, Data: data, Lines: true})
+		// The hash names a file as the rules root does (a directory's
+		// files are its own, not its subdirectories'): check-config in
+		// CI and the server agree however the path is spelled.
+		docs = append(docs, Doc{Name: f, HashName: filepath.Base(f), Data: data, Lines: true})
 	}
 	snap, err := LoadDocs(ctx, opts, docs)
 	if err != nil || len(errs) > 0 {
@@ -105,7 +109,11 @@ func LoadWith(ctx context.Context, opts Options, paths ...string) (*Snapshot, er
 type Doc struct {
 	// Name stands for the file in errors and in [Snapshot.Files].
 	Name string
-	Data []byte
+	// HashName stands for the document in [Snapshot.Hash]; empty means
+	// Name. A file's is its name relative to the rules root, so that
+	// the hash does not depend on how the path was spelled.
+	HashName string
+	Data     []byte
 	// Lines says whether line numbers in Data mean something to the
 	// reader: they do in a file, not in a rendered resource, whose
 	// errors then name only the path in the document.
@@ -124,7 +132,7 @@ func LoadDocs(ctx context.Context, opts Options, docs []Doc) (*Snapshot, error) 
 			return nil, fmt.Errorf("config: load stopped before %s: %w", doc.Name, err)
 		}
 		snap.Files = append(snap.Files, doc.Name)
-		fmt.Fprintf(h, "%s\x00%d\x00", doc.Name, len(doc.Data))
+		fmt.Fprintf(h, "%s\x00%d\x00", cmp.Or(doc.HashName, doc.Name), len(doc.Data))
 		h.Write(doc.Data)
 		ds, err := parseDoc(ctx, doc)
 		if err != nil {

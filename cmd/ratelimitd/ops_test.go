@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -193,5 +194,37 @@ func TestMergeDomainsFlag(t *testing.T) {
 		if err != nil || resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != 5 {
 			t.Errorf("%s: %v, %v; want the limit of its file", key, resp, err)
 		}
+	}
+}
+
+// TestRulesHashFromContents: the rules' hash is computed from the files'
+// contents and their names relative to the rules root, so check-config
+// in CI and the server print the same hash however the path is spelled
+// (relative, absolute, the file itself, through "./" and "..").
+func TestRulesHashFromContents(t *testing.T) {
+	abs, err := filepath.Abs("../../deploy/rules")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashRE := regexp.MustCompile(`hash ([0-9a-f]{64})\n`)
+	var want string
+	for _, path := range []string{"../../deploy/rules", abs, "../../deploy/./rules/", "../../deploy/../deploy/rules/example.yaml", filepath.Join(abs, "example.yaml")} {
+		var out syncBuffer
+		if err := run(context.Background(), []string{"check-config", path}, env(nil), &out, &out); err != nil {
+			t.Fatalf("check-config %s: %v\n%s", path, err, out.String())
+		}
+		m := hashRE.FindStringSubmatch(out.String())
+		if m == nil {
+			t.Fatalf("check-config %s printed no hash: %q", path, out.String())
+		}
+		if want == "" {
+			want = m[1]
+		} else if m[1] != want {
+			t.Errorf("check-config %s: hash %s, %s for ../../deploy/rules", path, m[1], want)
+		}
+	}
+	in := start(t, env(nil), "--config", abs)
+	if !strings.Contains(in.log.String(), "hash="+want) {
+		t.Errorf("the server's hash differs from check-config's %s:\n%s", want, in.log.String())
 	}
 }

@@ -57,7 +57,7 @@ func checkConfig(ctx context.Context, args []string, out, errOut io.Writer) erro
 	for _, w := range snap.Warnings() {
 		fmt.Fprintln(errOut, w)
 	}
-	fmt.Fprintf(out, "%s: ok: %d file(s), %d domain(s), %d rule(s), hash %s\n", strings.Join(fs.Args(), " "), len(snap.Files), len(snap.Domains()), rules, snap.Hash[:12])
+	fmt.Fprintf(out, "%s: ok: %d file(s), %d domain(s), %d rule(s), hash %s\n", strings.Join(fs.Args(), " "), len(snap.Files), len(snap.Domains()), rules, snap.Hash)
 	return nil
 }
 
