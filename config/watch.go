@@ -24,7 +24,10 @@ const DefaultDebounce = filewatch.DefaultDebounce
 // catches in-place writes, editors that write a temporary file and rename
 // it, a symlink to a directory being swapped (ln -sfn), and Kubernetes
 // ConfigMap updates (the "..data" symlink swap inside the mounted
-// directory). It returns an error only when it cannot start watching.
+// directory), and a swap of any symlink on the way to a path (the
+// incumbent's RUNTIME_ROOT "current" link), after which the directories
+// the link now leads to are watched. It returns an error only when it
+// cannot start watching.
 func Watch(ctx context.Context, paths []string, opts Options, debounce time.Duration, lastHash string, onLoad func(*Snapshot, error)) error {
 	if debounce <= 0 {
 		debounce = DefaultDebounce
@@ -86,6 +89,7 @@ func Watch(ctx context.Context, paths []string, opts Options, debounce time.Dura
 			}
 			onLoad(nil, fmt.Errorf("config: watch: %w", err))
 		case <-timer.C:
+			w.Refresh()
 			if loading {
 				due = true
 				continue

@@ -424,6 +424,9 @@ muts = [
     ("402 later slots of a refused request decided as admitted","internal/limit/order.go","checks: append(cs, Refusal(cs[0].Key))","checks: cs","./internal/service","TestSameAnswersOnEveryTopology"),
     ("403 a budget check given back keeps its flight (script)","internal/redisstore/scripts/decide_keys.lua","if consume then act = rl elseif unfly then act = 3 end","if consume then act = rl end","./internal/service","TestSameAnswersOnEveryTopology"),
     ("404 a budget check given back keeps its flight (limit)","internal/limit/limit.go","\t\t\tif givesBackFlight(c, st) {","\t\t\tif false && givesBackFlight(c, st) {","./internal/redisstore","TestBudgetMatchesMemstore"),
+    ("405 the rules' hash depends on the path's spelling","config/load.go","cmp.Or(doc.HashName, doc.Name)","cmp.Or(doc.Name, doc.HashName)","./cmd/ratelimitd","TestRulesHashFromContents"),
+    ("406 a swapped symlink's new target not watched","config/watch.go","\t\t\tw.Refresh()\n\t\t\tif loading {","\t\t\tif loading {","./cmd/ratelimitd","TestReloadLayouts"),
+    ("407 the directory holding a symlink on the way not watched","internal/filewatch/filewatch.go","\t\t\tadd(filepath.Dir(link))","\t\t\t_ = link","./cmd/ratelimitd","TestReloadLayouts"),
 ]
 only = sys.argv[1:]
 missed = 0

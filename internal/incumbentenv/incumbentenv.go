@@ -77,7 +77,10 @@ var Settings = []Setting{
 	{Name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Ignore: "a rejected request never consumes, always; a usage charge (hits stated at stream end, rejected_hits: usage) is recorded whatever the answer"},
 	{Name: "EXPIRATION_JITTER_MAX_SECONDS", Ignore: "keys expire at their window's end, set in the same script"},
 	{Name: "RESPONSE_DYNAMIC_METADATA", Flag: "response-dynamic-metadata"},
-	{Name: "RUNTIME_WATCH_ROOT", Ignore: "the rules directory is watched for every kind of change"},
+	// Either value is honoured by what is always watched: a swap of
+	// the RUNTIME_ROOT symlink (true's reload) and every change in the
+	// config directory (false's).
+	{Name: "RUNTIME_WATCH_ROOT", OK: []string{"true", "false", "1", "0", "t", "f"}, Refuse: "want true or false"},
 	{Name: "RUNTIME_IGNOREDOTFILES", Ignore: "dot files are always skipped"},
 	{Name: "EXTRA_TAGS", Flag: "statsd-tags"},
 	{Name: "STATS_FLUSH_INTERVAL", Flag: "stats-flush-interval"},
