@@ -84,12 +84,19 @@ func (a Auth) sentinelLines(name string) string {
 // StartWith runs a fresh redis-server, as Start, requiring auth.
 func StartWith(t testing.TB, auth Auth, args ...string) *Server {
 	t.Helper()
+	s := newServer(t, auth, args...)
+	s.start()
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// newServer is a server to start, requiring auth.
+func newServer(t testing.TB, auth Auth, args ...string) *Server {
+	t.Helper()
 	s := &Server{t: t, bin: Binary(t), dir: t.TempDir(), args: append(auth.serverArgs(), args...), Port: freePort(t),
 		password: auth.clientPassword()}
 	if auth.Certs != nil {
 		s.tls = auth.Certs.ClientTLS()
 	}
-	s.start()
-	t.Cleanup(s.Kill)
 	return s
 }

@@ -41,6 +41,12 @@ type Server struct {
 	sentinelConf string
 	// password is what its clients send as the default user's (Auth).
 	password string
+	// busPort, when set, is a cluster node's bus port (--cluster-port):
+	// chosen free, not the port + 10000 Redis takes by default, which
+	// another process may hold.
+	busPort int
+	// started: it has run once, so a restart keeps its ports.
+	started bool
 }
 
 // Binary returns the redis-server path, skipping or failing t when there
@@ -85,6 +91,35 @@ func (s *Server) Client() *redis.Client {
 
 func (s *Server) start() {
 	s.t.Helper()
+	for attempt := 0; ; attempt++ {
+		cmd := exec.Command(s.bin, s.commandLine()...)
+		// The server dies with the test binary even if cleanup never runs.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			s.t.Fatalf("redistest: start %s: %v", s.bin, err)
+		}
+		s.cmd = cmd
+		if err := s.waitReady(5 * time.Second); err == nil {
+			s.started = true
+			return
+		} else if attempt >= 2 {
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			s.t.Fatalf("redistest: redis-server on %d not ready: %v\n%s", s.Port, err, tail(string(log)))
+		}
+		s.Kill()
+		if !s.started {
+			// A port found free may be taken by the time Redis binds it
+			// (another test's server): a first start tries other ports.
+			s.Port = freePort(s.t)
+			if s.busPort != 0 {
+				s.busPort = freePort(s.t)
+			}
+		}
+	}
+}
+
+// commandLine is redis-server's arguments for s.
+func (s *Server) commandLine() []string {
 	port := []string{"--port", strconv.Itoa(s.Port)}
 	if s.tls != nil {
 		port = []string{"--port", "0", "--tls-port", strconv.Itoa(s.Port)}
@@ -95,23 +130,10 @@ func (s *Server) start() {
 		args = append(append([]string{s.sentinelConf, "--sentinel", "--bind", "127.0.0.1"}, port...),
 			"--dir", s.dir, "--daemonize", "no", "--logfile", filepath.Join(s.dir, "redis.log"))
 	}
-	args = append(args, s.args...)
-	for attempt := 0; ; attempt++ {
-		cmd := exec.Command(s.bin, args...)
-		// The server dies with the test binary even if cleanup never runs.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			s.t.Fatalf("redistest: start %s: %v", s.bin, err)
-		}
-		s.cmd = cmd
-		if err := s.waitReady(5 * time.Second); err == nil {
-			return
-		} else if attempt >= 2 {
-			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			s.t.Fatalf("redistest: redis-server on %d not ready: %v\n%s", s.Port, err, tail(string(log)))
-		}
-		s.Kill()
+	if s.busPort != 0 {
+		args = append(args, "--cluster-port", strconv.Itoa(s.busPort))
 	}
+	return append(args, s.args...)
 }
 
 func (s *Server) waitReady(limit time.Duration) error {

@@ -43,7 +43,11 @@ func StartClusterWith(t testing.TB, n int, auth Auth) []*Server {
 	t.Helper()
 	nodes := make([]*Server, n)
 	for i := range nodes {
-		nodes[i] = StartWith(t, auth, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		s := newServer(t, auth, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		s.busPort = freePort(t)
+		s.start()
+		t.Cleanup(s.Kill)
+		nodes[i] = s
 	}
 	ctx := context.Background()
 	per := 16384 / n
@@ -57,7 +61,7 @@ func StartClusterWith(t testing.TB, n int, auth Auth) []*Server {
 			t.Fatalf("redistest: ADDSLOTSRANGE on %s: %v", s.Addr(), err)
 		}
 		if i > 0 {
-			if err := c.ClusterMeet(ctx, "127.0.0.1", fmt.Sprint(nodes[0].Port)).Err(); err != nil {
+			if err := c.Do(ctx, "CLUSTER", "MEET", "127.0.0.1", nodes[0].Port, nodes[0].busPort).Err(); err != nil {
 				t.Fatalf("redistest: CLUSTER MEET: %v", err)
 			}
 		}
