@@ -96,10 +96,28 @@ func role(c *Check, st *State) budgetRole {
 	if c.Hits > 0 {
 		return budgetCharge
 	}
+	if st.Charges > 0 && st.Costed {
+		// A budget whose requests cost 1: a 0 is their stream's end.
+		return budgetCharge
+	}
 	if st.Charges > 0 || st.Count == 0 && !st.Peek {
 		return budgetCheck
 	}
 	return budgetNone
+}
+
+// endsStream reports a call stating 0 on a budget whose requests cost
+// their hits (State.Costed): a stream end that charged nothing, recorded
+// whatever the decision, as a charge is.
+func endsStream(c *Check, st *State) bool {
+	return c.budgeted() && c.Kind == ByHits && c.Hits == 0 && st.Charges > 0 && st.Costed
+}
+
+// readsEnd reports a call stating 0 read on a fixed window never charged
+// that holds a count: a request's stream end that charged nothing
+// (State.Ended).
+func readsEnd(c *Check, st *State) bool {
+	return c.Kind == ByHits && c.Hits == 0 && st.Charges == 0 && st.Count > 0
 }
 
 // paired reports a usage call whose request was admitted before: the
@@ -214,17 +232,65 @@ func fly(c *Check, st *State, now int64) {
 	st.Flights = fl
 }
 
+// applyWindow is apply on a fixed or sliding window: the count moves by
+// hits (consumed or given back) and a usage call acts on the budget's
+// state by the role it was decided on.
+func applyWindow(c *Check, st *State, now int64, consume bool, hits uint64) {
+	// The role is the one decided on: before the count moves.
+	rl := budgetNone
+	if c.budgeted() {
+		rl = role(c, st)
+	}
+	if rl == budgetCheck && c.Kind == CostCheck {
+		// Judged, admitted or not, so that a request refused elsewhere
+		// marks it as one call would, on every topology.
+		st.Costed = true
+	}
+	switch {
+	case c.Refund:
+		if givesBackFlight(c, st) {
+			// A budget check given back (another group refused its
+			// request, EvaluateInOrder) leaves the flights it joined,
+			// as if never admitted.
+			st.Flights = unfly(st.Flights)
+		}
+		st.Count -= min(st.Count, hits)
+	case consume:
+		st.Count = min(st.Count+hits, maxCount(c.Algorithm))
+	}
+	if !consume || !c.budgeted() {
+		return
+	}
+	switch {
+	case rl == budgetCharge && c.PairID != "":
+		landPaired(st, now, hits)
+		return
+	case rl == budgetCharge:
+		land(st, now, hits)
+		return
+	case rl == budgetCheck:
+		fly(c, st, now)
+	case readsEnd(c, st):
+		st.Ended = min(st.Ended+1, st.Count)
+	}
+	if c.PairID != "" {
+		// The request's first call, admitted: its next is its end.
+		st.PairMS, st.PairFlew = now/1000, rl == budgetCheck
+	}
+}
+
 // givesBackFlight reports a refund that gives back a budget check's
 // flight: a call just admitted on the counter, given back because
 // another group refused its request, flew if it was a budget check — a
-// cost check on a budget, or a call stating 0 on a budget or on a
-// counter holding no count (see role).
+// cost check on a budget, or a call stating 0 on a budget (not a costed
+// one's: there it was a stream's end) or on a counter holding no count
+// (see role).
 func givesBackFlight(c *Check, st *State) bool {
 	if !c.Refund || !c.Usage || c.Algorithm != FixedWindow || len(st.Flights) == 0 {
 		return false
 	}
 	zero := c.Kind == ByHits && c.Hits == 0
-	return st.Charges > 0 && (c.Kind == CostCheck || zero) || st.Charges == 0 && zero && st.Count == 0
+	return st.Charges > 0 && (c.Kind == CostCheck || zero && !st.Costed) || st.Charges == 0 && zero && st.Count == 0
 }
 
 // unfly takes one check out of the newest bucket of flights fl, the one
@@ -301,15 +367,17 @@ func land(st *State, now int64, hits uint64) {
 			fl = nil
 		}
 		st.Flights = fl
-	} else if st.Charges == 0 && st.Count > hits+1 {
+	} else if st.Charges == 0 && st.Count > hits+1+st.Ended {
 		// The counter's first charge, none in flight: the requests it
 		// admitted as plain ones until now (a cost of 1 each:
 		// QuotaPolicy's request phase) are streams still running, but
-		// this one. In flight from now, their charges end them instead of
-		// the checks that follow (else 16 QuotaPolicy streams let through
-		// 1.20 times the budget).
-		st.Flights = []Flight{{FirstMS: nowMS, LastMS: nowMS, N: st.Count - hits - 1}}
+		// this one and those whose end was read charging 0 (Ended). In
+		// flight from now, their charges end them instead of the checks
+		// that follow (else 16 QuotaPolicy streams let through 1.20
+		// times the budget).
+		st.Flights = []Flight{{FirstMS: nowMS, LastMS: nowMS, N: st.Count - hits - 1 - st.Ended}}
 	}
+	st.Ended = 0
 	learnUsage(st, hits)
 }
 

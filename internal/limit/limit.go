@@ -247,6 +247,17 @@ type State struct {
 	// 0 on it is then a read (a peek), not a budget check, until a charge
 	// makes it a budget. It serves the next window as Avg does.
 	Peek bool
+	// Costed marks a budget whose requests cost their hits (CostCheck:
+	// QuotaPolicy's request phase, a stated 1): there a call stating 0
+	// is a stream end that charged nothing (a zero charge: it ends a
+	// flight), not a budget check. It serves the next window as Avg does.
+	Costed bool
+	// Ended counts the calls stating 0 read on a fixed window never
+	// charged while it held a count: stream ends that charged nothing
+	// (a failed upstream's), each ending one of the requests counted, so
+	// the counter's first charge puts in flight only those still running
+	// (see land). At most Count; it serves its window only.
+	Ended uint64
 	// PairMS is when the request named by the check's PairID was
 	// admitted (Unix ms; 0: none known), and PairFlew whether its check
 	// went in flight then. Stores keep them under the pair's own key (see
@@ -339,7 +350,7 @@ func Decide(checks []Check, states []State, found []bool, nowUS int64, results [
 		c := &checks[i]
 		// A usage charge is recorded whatever the decision (a paired
 		// stream end too); a budget check admitted goes in flight.
-		consume := admitted && !results[i].Over && !c.Refund || c.Charge() || paired(c, &states[i])
+		consume := admitted && !results[i].Over && !c.Refund || c.Charge() || paired(c, &states[i]) || endsStream(c, &states[i])
 		apply(c, &states[i], nowUS, consume)
 		results[i].Remaining, results[i].ResetUS, expire[i] = report(c, &states[i], nowUS)
 		if c.HeldByFlights(results[i]) {
@@ -371,11 +382,11 @@ func normalize(c *Check, st State, now int64) State {
 		if st.End != end {
 			// The usage per check serves the window after its own, no
 			// later: the state decides that, not a key's TTL.
-			avg, k, dur, peek := st.Avg, st.Charges, st.DurMS, st.Peek
+			avg, k, dur, peek, costed := st.Avg, st.Charges, st.DurMS, st.Peek, st.Costed
 			if st.End != start {
-				avg, k, dur, peek = 0, 0, 0, false
+				avg, k, dur, peek, costed = 0, 0, 0, false, false
 			}
-			st = State{End: end, Avg: avg, Charges: k, DurMS: dur, Flights: st.Flights, Peek: peek, PairMS: st.PairMS, PairFlew: st.PairFlew}
+			st = State{End: end, Avg: avg, Charges: k, DurMS: dur, Flights: st.Flights, Peek: peek, Costed: costed, PairMS: st.PairMS, PairFlew: st.PairFlew}
 		}
 		expireFlights(c, &st, now)
 		if st.PairMS > 0 && (c.PairID == "" || st.PairMS*1000+c.FlightS*1_000_000 < now) {
@@ -443,40 +454,7 @@ func apply(c *Check, st *State, now int64, consume bool) {
 			}
 		}
 	default:
-		// The role is the one decided on: before the count moves.
-		rl := budgetNone
-		if c.budgeted() {
-			rl = role(c, st)
-		}
-		switch {
-		case c.Refund:
-			if givesBackFlight(c, st) {
-				// A budget check given back (another group refused
-				// its request, EvaluateInOrder) leaves the flights it
-				// joined, as if never admitted.
-				st.Flights = unfly(st.Flights)
-			}
-			st.Count -= min(st.Count, hits)
-		case consume:
-			st.Count = min(st.Count+hits, maxCount(c.Algorithm))
-		}
-		if !consume || !c.budgeted() {
-			return
-		}
-		switch {
-		case rl == budgetCharge && c.PairID != "":
-			landPaired(st, now, hits)
-			return
-		case rl == budgetCharge:
-			land(st, now, hits)
-			return
-		case rl == budgetCheck:
-			fly(c, st, now)
-		}
-		if c.PairID != "" {
-			// The request's first call, admitted: its next is its end.
-			st.PairMS, st.PairFlew = now/1000, rl == budgetCheck
-		}
+		applyWindow(c, st, now, consume, hits)
 	}
 }
 

@@ -309,3 +309,61 @@ func TestPlainCharge(t *testing.T) {
 		t.Fatalf("after plain charges: %+v, want count 12, no charge learned, the check still in flight", *st)
 	}
 }
+
+// TestGiveBackLeavesFlight: a budget check admitted, then given back
+// because another hash slot refused its request (EvaluateInOrder), leaves
+// the flights as they were before it: a cost check on a budget, a check
+// stating 0 on an uncosted budget and the cold start's check; a 0 on a
+// costed budget was a stream's end and gives back no flight.
+func TestGiveBackLeavesFlight(t *testing.T) {
+	const now = int64(1_800_000_000_000_000)
+	base := Check{Key: "b", Limit: 1000, WindowUS: 3600e6, Usage: true, FlightS: 60}
+	charged := func(costed bool) State {
+		st := State{End: WindowEnd(now, base.WindowUS), Count: 100, Avg: 10 * AvgScale, Charges: 5, DurMS: 500, Costed: costed,
+			Flights: []Flight{{FirstMS: now/1000 - 100, LastMS: now/1000 - 100, N: 2}}}
+		return st
+	}
+	tests := []struct {
+		name  string
+		check Check
+		state State
+		found bool
+	}{
+		{"a cost check on a budget", Check{Hits: 1, Kind: CostCheck}, charged(false), true},
+		{"a check stating 0 on a budget", Check{}, charged(false), true},
+		{"the cold start's check", Check{}, State{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := base
+			c.Hits, c.Kind = tt.check.Hits, tt.check.Kind
+			states, found := []State{tt.state}, []bool{tt.found}
+			before := states[0].InFlight()
+			if _, ok := decide(t, []Check{c}, states, found, now); !ok {
+				t.Fatal("refused")
+			}
+			if states[0].InFlight() != before+1 {
+				t.Fatalf("%d in flight after the check, want %d", states[0].InFlight(), before+1)
+			}
+			back := c
+			back.Refund = true
+			decide(t, []Check{back}, states, found, now+1000)
+			if states[0].InFlight() != before {
+				t.Errorf("%d in flight after the give-back, want %d", states[0].InFlight(), before)
+			}
+		})
+	}
+	t.Run("a stream end of 0 on a costed budget", func(t *testing.T) {
+		states, found := []State{charged(true)}, []bool{true}
+		decide(t, []Check{base}, states, found, now)
+		if n := states[0].InFlight(); n != 1 {
+			t.Fatalf("%d in flight after the stream end, want 1 (it ended one)", n)
+		}
+		back := base
+		back.Refund = true
+		decide(t, []Check{back}, states, found, now+1000)
+		if n := states[0].InFlight(); n != 1 {
+			t.Errorf("%d in flight after giving back a stream end, want 1", n)
+		}
+	})
+}

@@ -180,3 +180,27 @@ func TestQuotaPolicyShape(t *testing.T) {
 		}
 	})
 }
+
+// TestQuotaFlowsEndedBeforeCharged: QuotaPolicy's flows (a request phase
+// costing 1, then the stream end stating the tokens) whose upstream
+// failed end with a stream end of 0. One read before the counter was
+// ever charged ended its request, so the first charge puts in flight only
+// the requests still running; on the budget the charge made, a 0 from a
+// request phase that costs 1 is its stream's end and ends its flight. So
+// costs 0, 4, 0 and 6 on a quota of 10 pass as the incumbent passes them
+// (request phases counted 1 each: 14 in all), and the fifth is refused.
+func TestQuotaFlowsEndedBeforeCharged(t *testing.T) {
+	clockedWith(t, plainShapes, service.Options{}, func(t *testing.T, s *service.Service, advance func(time.Duration)) {
+		advance(15 * time.Second)
+		for i, cost := range []uint64{0, 4, 0, 6} {
+			r := call(t, s, aiRequest(desc("quota", "q")))
+			if r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("flow %d (cost %d): the request phase: %v", i+1, cost, r)
+			}
+			advance(300 * time.Millisecond)
+			call(t, s, aiRequest(tokens(cost, "quota", "q")))
+			advance(20 * time.Millisecond)
+		}
+		wantStatus(t, "the fifth request phase", call(t, s, aiRequest(desc("quota", "q"))), rlsv3.RateLimitResponse_OVER_LIMIT, 0, 59*time.Minute+44*time.Second)
+	})
+}

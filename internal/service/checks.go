@@ -58,6 +58,7 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item, sc *scr
 	defer encoders.Put(enc)
 	checks := make([]limit.Check, 0, len(items))
 	var consume, refund []uint64
+	merged := false
 	descs := req.GetDescriptors()
 	for i := range items {
 		it := &items[i]
@@ -72,6 +73,7 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item, sc *scr
 			consume, refund = append(consume, 0), append(refund, 0)
 		} else {
 			s.mergeCheck(&checks[c], it)
+			merged = true
 		}
 		if it.refund {
 			refund[c] += it.hits
@@ -79,6 +81,20 @@ func (s *Service) buildChecks(req *rlsv3.RateLimitRequest, items []item, sc *scr
 			consume[c] += it.hits
 		}
 		it.check = c
+	}
+	// Each item on a counter named again later learns the later ones'
+	// hits, to be answered as the incumbent answers each occurrence in
+	// turn (responder.decided); not where hits are also given back.
+	if merged {
+		later := make([]uint64, len(checks))
+		for i := len(items) - 1; i >= 0; i-- {
+			it := &items[i]
+			if it.kind != counted || refund[it.check] > 0 {
+				continue
+			}
+			it.after = later[it.check]
+			later[it.check] += it.hits
+		}
 	}
 	states := sc.statesFor(len(checks))
 	for c := range checks {

@@ -33,7 +33,8 @@ type item struct {
 	pairID   string          // the request's id, from a request_id level (not part of the counter)
 	shadow   bool
 	quota    bool
-	check    int // index into the request's checks when kind == counted
+	check    int    // index into the request's checks when kind == counted
+	after    uint64 // the hits of the same counter's later items in the request (see buildChecks)
 	override bool
 	failure  config.FailureMode
 	replaced bool

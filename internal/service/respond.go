@@ -129,10 +129,25 @@ func (r *responder) status(i int, slab *statusSlab) (counted, over bool) {
 func (r *responder) decided(it *item, cs *checkState, st *rlsv3.RateLimitResponse_DescriptorStatus, d *record.Decision) (over bool, outcome string) {
 	outcome = OutcomeOK
 	ch := &r.checks[it.check]
+	remaining := cs.res.Remaining
 	if !ch.Refund && !it.refund {
 		over = cs.res.Over
 		if cs.read {
 			over = ch.Hits > cs.res.Remaining
+		}
+		if it.after > 0 && !ch.Charge() {
+			// A counter named again later in the request: this
+			// occurrence is answered as the incumbent answers each in
+			// turn, as if the later ones had not come yet. Admitted, it
+			// has their hits left too; refused (nothing consumed), it
+			// fits when its hits and the earlier ones' do.
+			upto := ch.Hits - min(ch.Hits, it.after)
+			switch {
+			case !over:
+				remaining += it.after
+			case !ch.HeldByFlights(cs.res) && upto <= cs.res.Remaining:
+				over, remaining = false, cs.res.Remaining-upto
+			}
 		}
 		// The counter's use before these hits: they were consumed only
 		// when the request was not refused.
@@ -144,8 +159,8 @@ func (r *responder) decided(it *item, cs *checkState, st *rlsv3.RateLimitRespons
 	}
 	switch {
 	case !over:
-		st.LimitRemaining = uint32(min(cs.res.Remaining, math.MaxUint32))
-		if float64(cs.res.Remaining) <= (1-r.s.opts.NearLimitRatio)*float64(it.rpu) {
+		st.LimitRemaining = uint32(min(remaining, math.MaxUint32))
+		if float64(remaining) <= (1-r.s.opts.NearLimitRatio)*float64(it.rpu) {
 			outcome = OutcomeNearLimit
 		}
 	case !cs.read && ch.HeldByFlights(cs.res):

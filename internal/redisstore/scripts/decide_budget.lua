@@ -22,20 +22,25 @@ local function inflight(fl)
   return n
 end
 
--- parsebudget reads a fixed window's value with a budget's state: the
+-- parsebudget reads a fixed window's value with a budget's state
+-- (|avg/charges/duration[/marks[/ended]], marks 1 peek + 2 costed): the
 -- count (0 from another window), the usage per check, the charges, the
 -- stream duration, the flights still unexpired (a flat list of first,
--- last, n) and the peek mark, or zeros for a value that does not parse.
+-- last, n), the peek and costed marks and the stream ends read before a
+-- charge (limit.State.Ended), or zeros for a value that does not parse.
 local function parsebudget(raw, q, pair)
   local we, sc, state = fixedvalue(raw)
   local sav, sk, sd, rest
   if we then sav, sk, sd, rest = match(state, '^|(%d+)/(%d+)/?(%d*)(.*)$') end
-  if not sav then return 0, 0, 0, 0, nil, false end
+  if not sav then return 0, 0, 0, 0, nil, false, false, 0 end
   local c, av, k, dur = 0, tonumber(sav), tonumber(sk), tonumber(sd) or 0
-  local peek = find(rest, '^/1') ~= nil
-  -- The usage per check, the duration and the peek mark serve the
-  -- window after their own, no later.
-  if we == e[q] then c = sc elseif we ~= ws[q] then av, k, dur, peek = 0, 0, 0, false end
+  local sm, sx = match(rest, '^/(%d+)/?(%d*)')
+  local marks, ended = tonumber(sm) or 0, tonumber(sx) or 0
+  local peek, costed = marks % 2 == 1, marks % 4 >= 2
+  -- The usage per check, the duration and the marks serve the window
+  -- after their own, no later; the ends read, their own only.
+  if we == e[q] then c = sc else ended = 0 end
+  if we ~= e[q] and we ~= ws[q] then av, k, dur, peek, costed = 0, 0, 0, false, false end
   local d, fl = horizon(q, dur, k, pair), nil
   for f1, f2, n in gmatch(rest, ';(%d+):(%d+):(%d+)') do
     f2 = tonumber(f2)
@@ -50,7 +55,7 @@ local function parsebudget(raw, q, pair)
       peek = true
     end
   end
-  return c, av, k, dur, fl, peek
+  return c, av, k, dur, fl, peek, costed, ended
 end
 
 -- role is limit's: what a usage call on a fixed window of count c does:
@@ -67,6 +72,8 @@ local function role(kind, h, c, bs, pms)
     return 0
   end
   if h > 0 then return 2 end
+  -- A budget whose requests cost 1: a 0 is their stream's end.
+  if budget and bs[6] then return 2 end
   if budget or c == 0 and not (bs and bs[5]) then return 1 end
   return 0
 end
@@ -158,13 +165,13 @@ end
 -- the first charge, puts the requests admitted before it in flight; and
 -- moves the usage per check, the mean of the last AVG_CHARGES charges
 -- x 1024.
-local function land(h, c, av, ak, dur, fl, pair, pms, pflew)
+local function land(h, c, av, ak, dur, fl, pair, pms, pflew, ended)
   if pair then
     fl, dur = landpaired(fl, dur, pms, pflew)
   elseif fl then
     fl, dur = landflights(fl, dur, ak)
-  elseif ak == 0 and c > h + 1 then
-    fl = {nowms, nowms, c - h - 1}
+  elseif ak == 0 and c > h + 1 + ended then
+    fl = {nowms, nowms, c - h - 1 - ended}
   end
   ak = math.min(ak + 1, AVG_CHARGES)
   local hh = h * 1024
@@ -174,13 +181,19 @@ end
 
 -- budgetstate renders a fixed window's value of count c with a budget's
 -- state, and its PX; nil when nothing is left to keep.
-local function budgetstate(q, c, av, ak, dur, fl, peek)
-  if ak == 0 and not fl and not peek then
+local function budgetstate(q, c, av, ak, dur, fl, peek, costed, ended)
+  if ak == 0 and not fl and not peek and ended == 0 then
     if c > 0 then return pre[q] .. num(c), ttl[q] end
     return nil, nil
   end
   local parts = {pre[q], num(c), '|', num(av), '/', ak, '/', dur}
-  if peek then parts[#parts + 1] = '/1' end
+  if peek or costed or ended > 0 then
+    local marks = 0
+    if peek then marks = 1 end
+    if costed then marks = marks + 2 end
+    parts[#parts + 1] = '/' .. marks
+    if ended > 0 then parts[#parts + 1] = '/' .. num(ended) end
+  end
   -- Flights never stretch the key past its window; the usage per check
   -- and the peek mark keep it through the next.
   local xe = 0
@@ -195,20 +208,27 @@ local function budgetstate(q, c, av, ak, dur, fl, peek)
 end
 
 -- budgetval returns a fixed window's value and PX with a budget's state
--- (bs, or none) after act: 1 a budget check admitted goes in flight, 2 a
--- charge of h lands, 3 a cost check given back leaves the newest bucket
--- (limit.unfly); nil when nothing is left to keep.
-local function budgetval(q, h, c, act, bs, pair, pms, pflew)
-  local av, ak, dur, fl, peek = 0, 0, 0, nil, false
-  if bs then av, ak, dur, fl, peek = bs[1], bs[2], bs[3], bs[4], bs[5] end
+-- (bs, or none) after act: 1 a budget check admitted goes in flight, 2 a charge of h lands, 3 a
+-- budget check given back leaves the newest bucket (limit.unfly), 4 a
+-- stream end read before any charge is counted (limit.readsEnd); a cost
+-- check (cost) judged on it marks the budget costed; nil when nothing is
+-- left to keep.
+local function budgetval(q, h, c, act, bs, pair, pms, pflew, cost)
+  local av, ak, dur, fl, peek, costed, ended = 0, 0, 0, nil, false, false, 0
+  if bs then av, ak, dur, fl, peek, costed, ended = bs[1], bs[2], bs[3], bs[4], bs[5], bs[6], bs[7] end
+  -- A cost check judged on a budget, admitted or not (limit.apply).
+  if cost and ak > 0 then costed = true end
   if act == 1 then
     fl = fly(q, fl, dur, ak, pair)
   elseif act == 2 then
-    av, ak, dur, fl = land(h, c, av, ak, dur, fl, pair, pms, pflew)
+    av, ak, dur, fl = land(h, c, av, ak, dur, fl, pair, pms, pflew, ended)
+    ended = 0
   elseif act == 3 then
     fl = endflight(fl, #fl - 2)
+  elseif act == 4 then
+    ended = math.min(ended + 1, c)
   end
-  return budgetstate(q, c, av, ak, dur, fl, peek)
+  return budgetstate(q, c, av, ak, dur, fl, peek, costed, ended)
 end
 
 -- retry is limit.retryUS: a budget check refused for its flights resets

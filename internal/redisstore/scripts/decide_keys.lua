@@ -88,8 +88,8 @@ local function readfixed(q, raw, pair)
   local sc = match(raw, pat[q])
   if sc then return tonumber(sc), false end
   if not find(raw, '|', 1, true) then return 0, false end
-  local c, av, ak, dur, fl, peek = parsebudget(raw, q, pair)
-  return c, {av, ak, dur, fl, peek}
+  local c, av, ak, dur, fl, peek, costed, ended = parsebudget(raw, q, pair)
+  return c, {av, ak, dur, fl, peek, costed, ended}
 end
 
 -- readsliding reads a sliding window's count and previous count.
@@ -200,9 +200,11 @@ local function applysliding(q, c, p)
 end
 
 -- applyfixed is the request's i-th key, a fixed window of count c after
--- its hits h, whose usage role rl acted when consumed (a cost check given
--- back, unfly, leaves its flight): remaining, reset, value and PX.
-local function applyfixed(i, q, h, c, consume, pair, pms, pflew, unfly)
+-- its hits h, whose usage role rl acted when consumed (a budget check
+-- given back, unfly, leaves its flight; a call of kind stating 0 read
+-- before any charge counts a stream's end): remaining, reset, value and
+-- PX.
+local function applyfixed(i, q, h, c, consume, pair, pms, pflew, unfly, kind)
   local l, bs, rl, before = lim[q], key_budget[i], key_role[i], key_count[i]
   local remaining, reset = 0, e[q] - now
   if c < l then remaining = l - c end
@@ -212,8 +214,11 @@ local function applyfixed(i, q, h, c, consume, pair, pms, pflew, unfly)
   end
   local act = 0
   if consume then act = rl elseif unfly then act = 3 end
+  if consume and rl == 0 and kind == BY_HITS and h == 0 and c > 0 and not (bs and bs[2] > 0) then
+    act = 4 -- limit.readsEnd
+  end
   if bs or act > 0 then
-    local val, ex = budgetval(q, h, c, act, bs, pair, pms, pflew)
+    local val, ex = budgetval(q, h, c, act, bs, pair, pms, pflew, kind == COST_CHECK)
     return remaining, reset, val, ex
   end
   return remaining, reset, fixedval(q, c), ttl[q]
@@ -231,7 +236,8 @@ local function settle(i, k, admitted)
   local pair, pms, pflew = false, 0, false
   if pr then pair, pms, pflew = true, pr[1], pr[2] end
   -- A paired stream end is a charge too (limit.paired).
-  local consume = (admitted and not o or charge or pms > 0) and not refund
+  -- So is a stream end on a costed budget (limit.endsStream).
+  local consume = (admitted and not o or charge or pms > 0 or rl == 2) and not refund
   local a, remaining, reset, val, ex = alg[q], 0, 0, nil, nil
   if a == TOKEN_BUCKET then
     remaining, reset, val, ex = applybucket(q, h, c, refund, consume)
@@ -240,8 +246,8 @@ local function settle(i, k, admitted)
   else
     -- A budget check given back leaves its flight (limit.givesBackFlight).
     local bs, zero = key_budget[i], kind == BY_HITS and h == 0
-    local unfly = refund and usage and bs and bs[4] and (bs[2] > 0 and (kind == COST_CHECK or zero) or bs[2] == 0 and zero and c == 0)
-    remaining, reset, val, ex = applyfixed(i, q, h, count(a, c, h, refund, consume), consume, pair, pms, pflew, unfly)
+    local unfly = refund and usage and bs and bs[4] and (bs[2] > 0 and (kind == COST_CHECK or zero and not bs[6]) or bs[2] == 0 and zero and c == 0)
+    remaining, reset, val, ex = applyfixed(i, q, h, count(a, c, h, refund, consume), consume, pair, pms, pflew, unfly, usage and not refund and kind)
   end
   writekey(k, val, ex, key_raw[i])
   -- The request's first call admitted keeps when, for its stream end,
