@@ -406,7 +406,7 @@ muts = [
     ("384 the settle marks ignored: a resent settle counted twice","internal/redisstore/scripts/grant.lua","      if not settled(KEYS[k + 1], ARGV[b + 8], tonumber(ARGV[b + 9]), we, w) then\n","      if settled(KEYS[k + 1], ARGV[b + 8], tonumber(ARGV[b + 9]), we, w) or true then\n","./internal/global","TestSpentBudgetSettlesExactly"),
     ("385 a failed settle forgotten, not sent again","internal/global/refill.go","\tif err != nil {\n\t\ts.m.grant(\"failed\")\n","\tif err != nil {\n\t\te.settling = nil\n\t\ts.m.grant(\"failed\")\n","./internal/global","TestSpentBudgetSettlesExactly"),
     ("386 a budget check admitted on a spent global budget","internal/global/decide.go","\tcase est == 0 && room > 0:\n","\tcase est == 0:\n","./internal/global","TestGlobalBudgetSpentElsewhere"),
-    ("387 a charge beyond what is held not owed to the home","internal/global/decide.go","\te.owe(e.chargeWindow(now), rest)\n\treturn left, true\n","\treturn left, false\n","./internal/global","TestGlobalBudgetAnswers"),
+    ("387 a charge beyond what is held not owed to the home","internal/global/decide.go","\te.owe(e.chargeWindow(now), rest)\n\treturn left, true\n","\treturn left, false\n","./internal/global","TestColdDrawSettlesFirst"),
     ("388 a settle a window late dropped","internal/redisstore/scripts/grant.lua","elseif op == SETTLE and (gend == 0 or gend >= we - w) then","elseif op == SETTLE and (gend == 0 or gend >= we) then","./internal/redisstore","TestSettleCountedOnce"),
     ("389 --global-domains patterns taken only whole","config/load.go","ok && strings.HasPrefix(domain, prefix) || p == domain","ok && prefix == domain || p == domain","./config","TestGlobalDomains"),
     ("390 a global charge with no time left handed to the region's store","internal/global/global.go","\t\tcase c.Usage && c.Charge() && c.Hits > 0:\n","\t\tcase c.Usage && c.Charge() && c.Hits > 0 && false:\n","./internal/global","TestGlobalBudgetChargesSettleOnce"),
@@ -436,6 +436,10 @@ muts = [
     ("414 cluster bus ports left to the port + 10000","internal/redisstore/redistest/topology.go","\t\ts.busPort = freePort(t)\n","","./internal/redisstore","TestCluster$"),
     ("415 one script call consumes a refused request's other keys","internal/redisstore/scripts/decide_keys.lua","for i = 1, n do settle(i, k0 + i, admitted) end","for i = 1, n do settle(i, k0 + i, true) end","./internal/service","TestSameAnswersOnEveryTopology"),
     ("416 the embedded store consumes a refused request's other counters","internal/limit/limit.go","consume := admitted && !results[i].Over && !c.Refund ||","consume := !results[i].Over && !c.Refund ||","./internal/service","TestSameAnswersOnEveryTopology"),
+    ("417 a global check with nothing held refused, not waiting for a draw","internal/global/decide.go","if p.mayWait && !s.out && !p.now.Before(e.dryUntil) && e.left(p.now) > 0 {","if false && p.mayWait && !s.out && !p.now.Before(e.dryUntil) && e.left(p.now) > 0 {","./internal/global","TestSparseKeysAdmitted"),
+    ("418 waiting demand drawn only to the fair share","internal/global/refill.go","n = max(cap, min(n, e.remaining, max(e.waiting, 1)))","n = max(cap, min(n, e.remaining, 1))","./internal/global","TestSparseKeysAdmitted"),
+    ("419 a cold draw taken before what is owed is settled","internal/global/refill.go","\t\t\tfor _, op := range s.settleOps(e, false) {\n\t\t\t\tops, es = append(ops, op), append(es, e)\n\t\t\t}\n\t\t\tops = append(ops, limit.GrantOp{Check: e.check.WithHits(n)})","\t\t\tops = append(ops, limit.GrantOp{Check: e.check.WithHits(n)})","./internal/global","TestColdDrawSettlesFirst"),
+    ("420 a burst's followers wait for no draw of their own","internal/global/decide.go","return s.evaluate(ctx, checks, s.coldWait(ctx, &p, drawn, until))","s.coldWait(ctx, &p, drawn, until)\n\t\treturn s.evaluate(ctx, checks, time.Unix(1, 0))","./internal/global","TestSparseKeysAdmitted"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -1,6 +1,7 @@
 package global
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"time"
@@ -20,6 +21,17 @@ type plan struct {
 	idx     []int
 	refused bool // a global check is short: the request is refused
 	short   bool // a grant is short, or soon will be: wake the refiller
+	// cold are the global checks refused only for want of hits held,
+	// on counters whose home may have room: with mayWait, the request
+	// waits for a draw made on their behalf (coldWait).
+	cold    []coldCheck
+	mayWait bool
+}
+
+// coldCheck is a global check's demand waiting for a draw.
+type coldCheck struct {
+	e    *entry
+	hits uint64
 }
 
 type reservation struct {
@@ -46,7 +58,12 @@ func WithDecidedAt(ctx context.Context, at *time.Time) context.Context {
 
 // Evaluate decides checks, all or nothing: the global ones from what is
 // held (no call to the home), the others in Local, and what is held is
-// spent only if Local admits too.
+// spent only if Local admits too. A global check that finds too little
+// held on a counter whose home may have room (a key asked for the first
+// time, or again after it went idle) waits for a draw made at once on
+// its behalf, coalesced with the other cold keys' (coldRun), at most
+// twice the home's round trip and coldMargin (coldWait), and is decided again: a
+// key with room is not refused for being rarely asked.
 func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	global := false
 	for i := range checks {
@@ -55,7 +72,15 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 	if !global {
 		return s.local.Evaluate(ctx, checks)
 	}
-	p := plan{results: make([]limit.Result, len(checks))}
+	return s.evaluate(ctx, checks, time.Time{})
+}
+
+// evaluate is Evaluate; cold checks may wait for draws until then (zero:
+// not waited yet). A request may wait for more than one draw: one under
+// way when it came, whose size did not count it (the rest of a burst on
+// a key asked for the first time), then its own.
+func (s *Store) evaluate(ctx context.Context, checks []limit.Check, until time.Time) ([]limit.Result, error) {
+	p := plan{results: make([]limit.Result, len(checks)), mayWait: until.IsZero() || time.Now().Before(until)}
 	s.mu.Lock()
 	p.now = s.now()
 	if at, ok := ctx.Value(decidedAtKey{}).(*time.Time); ok {
@@ -68,7 +93,15 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 			p.toLocal(i, checks[i])
 		}
 	}
+	var drawn []chan struct{}
+	if p.refused && len(p.cold) > 0 {
+		drawn = s.awaitDraws(p.cold)
+	}
 	s.mu.Unlock()
+	if drawn != nil {
+		s.putBack(&p)
+		return s.evaluate(ctx, checks, s.coldWait(ctx, &p, drawn, until))
+	}
 	if p.short {
 		s.kick()
 	}
@@ -194,6 +227,13 @@ func (s *Store) beyondHeld(p *plan, i int, c *limit.Check, e *entry) {
 		s.m.request("shared")
 		return
 	}
+	if p.mayWait && !s.out && !p.now.Before(e.dryUntil) && e.left(p.now) > 0 {
+		// Not known spent at the home, nor by what is owed to it:
+		// wait for a draw.
+		p.cold = append(p.cold, coldCheck{e: e, hits: max(c.SaturatedHits(), e.estimate(), 1)})
+		p.refused = p.refused || !c.NoVeto
+		return
+	}
 	r := limit.Result{Over: true}
 	if e.resetAt.After(p.now) {
 		r.ResetUS = e.resetAt.Sub(p.now).Microseconds()
@@ -206,6 +246,75 @@ func (s *Store) beyondHeld(p *plan, i int, c *limit.Check, e *entry) {
 	p.results[i] = r
 	p.refused = p.refused || !c.NoVeto
 	s.m.request("short")
+}
+
+// coldMargin is how much longer than twice the home's round trip a cold
+// check waits for its draw: a draw takes one round trip, and a second
+// covers a call that had to open a connection first (a handshake and
+// HELLO), the drawer's turn and the draw's own work.
+const coldMargin = 50 * time.Millisecond
+
+// awaitDraws registers the cold checks' demand (drawn for past the fair
+// share: demand in hand, not a hoard) and queues their counters for the
+// cold drawer, unless a draw of theirs is under way; it returns what to
+// wait on: each counter's next draw. Called with mu held.
+func (s *Store) awaitDraws(cold []coldCheck) []chan struct{} {
+	drawn := make([]chan struct{}, 0, len(cold))
+	for _, c := range cold {
+		e := c.e
+		e.waiting += c.hits
+		e.Asked += c.hits
+		if e.drawn == nil {
+			e.drawn = make(chan struct{})
+		}
+		drawn = append(drawn, e.drawn)
+		if !e.inFlight && !e.queued {
+			e.queued = true
+			s.coldQ = append(s.coldQ, e)
+		}
+	}
+	select {
+	case s.coldWake <- struct{}{}:
+	default:
+	}
+	return drawn
+}
+
+// coldWait waits, within ctx and until (zero: from now, twice the home's
+// round trip plus coldMargin, a refresh for a round trip while none is
+// known), for the draws of p's cold checks, then withdraws their demand.
+// It returns until, or a time past when the draws did not come in it.
+func (s *Store) coldWait(ctx context.Context, p *plan, drawn []chan struct{}, until time.Time) time.Time {
+	if until.IsZero() {
+		s.mu.Lock()
+		until = time.Now().Add(2*cmp.Or(s.rtt, s.opts.Refresh) + coldMargin)
+		s.mu.Unlock()
+	}
+	t := time.NewTimer(time.Until(until))
+	defer t.Stop()
+	how := "waited"
+wait:
+	for _, ch := range drawn {
+		select {
+		case <-ch:
+		case <-t.C:
+			how = "waited_out"
+			break wait
+		case <-ctx.Done():
+			how = "waited_out"
+			break wait
+		}
+	}
+	s.m.request(how)
+	s.mu.Lock()
+	for _, c := range p.cold {
+		c.e.waiting -= min(c.e.waiting, c.hits)
+	}
+	s.mu.Unlock()
+	if how != "waited" {
+		return time.Unix(1, 0) // past: no more waiting
+	}
+	return until
 }
 
 // shareCheck is c decided in the region's store against its partition

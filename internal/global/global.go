@@ -115,11 +115,16 @@ type Store struct {
 	out          bool
 	rtt          time.Duration // the home's round trip, smoothed
 	nextEnd      time.Time     // the earliest a held grant stops being valid
+	// coldQ are the counters requests wait on a draw for (coldRun);
+	// coldCalls, the cold drawer's calls under way.
+	coldQ     []*entry
+	coldCalls int
 
-	wake chan struct{}
-	stop chan struct{}
-	wg   sync.WaitGroup
-	once sync.Once
+	wake     chan struct{}
+	coldWake chan struct{}
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	once     sync.Once
 }
 
 // New wraps local with global limits drawn from home and starts the
@@ -135,7 +140,7 @@ func New(local Local, home Home, opts Options) *Store {
 		opts.OutAfter = 2 * opts.HomeTimeout
 	}
 	s := &Store{local: local, home: home, opts: opts, id: rand.Text(), now: opts.Now, log: opts.Logger, m: opts.Metrics,
-		entries: map[string]*entry{}, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+		entries: map[string]*entry{}, wake: make(chan struct{}, 1), coldWake: make(chan struct{}, 1), stop: make(chan struct{})}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -143,6 +148,7 @@ func New(local Local, home Home, opts Options) *Store {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.wg.Go(s.run)
+	s.wg.Go(s.coldRun)
 	return s
 }
 
@@ -172,6 +178,15 @@ func (s *Store) KeepCharges(checks []limit.Check) bool {
 	s.mu.Unlock()
 	k, ok := s.local.(interface{ KeepCharges([]limit.Check) bool })
 	return ok && len(rest) > 0 && k.KeepCharges(rest) || kept
+}
+
+// Counters returns how many global counters the store holds state of
+// (grants, demand, debts, flights): each costs a few hundred bytes until
+// it goes unasked for 5 s and is forgotten.
+func (s *Store) Counters() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.entries)
 }
 
 // Grant is Local's, when it grants (RLQS takes its grants there).
@@ -219,6 +234,12 @@ type entry struct {
 	lease.Meter // the hits asked (charged, on a budget), and their smoothed rate
 	lastUse     time.Time
 	inFlight    bool
+	// waiting is the hits of requests waiting for a draw (coldWait),
+	// drawn when the next draw closes drawn; queued: in the cold
+	// drawer's queue.
+	waiting uint64
+	drawn   chan struct{}
+	queued  bool
 
 	// A budget's (a usage rule's): usage says the counter takes charges
 	// or budget checks, so what the home has left is read every refresh

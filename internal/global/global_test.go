@@ -250,23 +250,24 @@ func TestNeverOverJoiningAndLeaving(t *testing.T) {
 	t.Logf("admitted by window and region: %v", tl.byRegion)
 }
 
-// TestRefusalConsumesNothing: a request whose global check finds too
-// little held is refused whole: its other counter, in the region's store,
-// is read, not consumed.
+// TestRefusalConsumesNothing: a request whose global check cannot be
+// covered (it asks more than the limit: the draw made while it waits
+// falls short) is refused whole: its other counter, in the region's
+// store, is read, not consumed.
 func TestRefusalConsumesNothing(t *testing.T) {
 	w := newWorld(t, 1, 1, func(int) time.Duration { return 10 * time.Millisecond }, 0,
-		global.Options{Refresh: time.Hour}) // no top-up: the first check finds nothing held
+		global.Options{Refresh: time.Hour}) // no top-up but the draw a request waits for
 	g := w.regions[0].instances[0]
 	checks := []limit.Check{
 		{Key: "plain", Limit: 10, WindowUS: 3600e6, Hits: 1},
-		{Key: "glob", Limit: 10, WindowUS: 3600e6, Hits: 1, Global: true},
+		{Key: "glob", Limit: 10, WindowUS: 3600e6, Hits: 11, Global: true},
 	}
 	res, err := g.Evaluate(context.Background(), checks)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !res[1].Over {
-		t.Fatalf("the global check with nothing held: %+v, want refused", res[1])
+		t.Fatalf("a global check of 11 on a limit of 10: %+v, want refused", res[1])
 	}
 	read, err := w.regions[0].local.Evaluate(context.Background(), []limit.Check{{Key: "plain", Limit: 10, WindowUS: 3600e6}})
 	if err != nil {

@@ -9,6 +9,7 @@ type Metrics struct {
 	Grants   *prometheus.CounterVec
 	Hits     *prometheus.CounterVec
 	HomeOut  prometheus.Gauge
+	Counters prometheus.Gauge
 }
 
 // NewMetrics makes the global limits' collectors and registers them on
@@ -17,7 +18,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_global_requests_total",
-			Help: "Global checks (rate_limit.global) by how they were decided: local (from hits held, drawn from the home Redis), short (refused: too little held; not the limit's verdict when the home has more), shared (the home out: decided in this region's store against its share, --global-partition-share).",
+			Help: "Global checks (rate_limit.global) by how they were decided: local (from hits held, drawn from the home Redis), waited (found too little held and waited for a draw made at once, then decided again), waited_out (the draw did not come within the home's round trip and 50 ms), short (refused: too little held; not the limit's verdict when the home has more), shared (the home out: decided in this region's store against its share, --global-partition-share).",
 		}, []string{"how"}),
 		Grants: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_global_grants_total",
@@ -32,7 +33,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while the home Redis counts as out (its calls failing for --global-out-after): global checks beyond what is held follow --global-partition.",
 		}),
 	}
-	reg.MustRegister(m.Requests, m.Grants, m.Hits, m.HomeOut)
+	m.Counters = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "ratelimitd_global_counters",
+		Help: "Global counters this instance holds state of (grants, demand, debts, flights); one unasked for 5 s is given back and forgotten.",
+	})
+	reg.MustRegister(m.Requests, m.Grants, m.Hits, m.HomeOut, m.Counters)
 	return m
 }
 
@@ -51,6 +56,12 @@ func (m *Metrics) grant(result string) {
 func (m *Metrics) hits(what string, n uint64) {
 	if m != nil && n > 0 {
 		m.Hits.WithLabelValues(what).Add(float64(n))
+	}
+}
+
+func (m *Metrics) setCounters(n int) {
+	if m != nil {
+		m.Counters.Set(float64(n))
 	}
 }
 

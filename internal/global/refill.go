@@ -53,9 +53,90 @@ func (s *Store) pass(all bool) {
 	now := s.now()
 	ops, es := s.passOps(now, all)
 	s.mu.Unlock()
-	if len(ops) == 0 {
-		return
+	if len(ops) > 0 {
+		s.send(ops, es, all)
 	}
+}
+
+// maxColdCalls bounds the cold drawer's calls under way at once: beyond,
+// the counters queued wait for one to end and go together in the next
+// (a flood of new keys makes few large calls, not one per key; each
+// waits two round trips at most).
+const maxColdCalls = 4
+
+// coldRun draws, as soon as they are asked for, for the counters that
+// requests wait on (awaitDraws): every counter queued goes in one call,
+// sent at once beside the passes and the cold calls still under way (at
+// most maxColdCalls), so a request waits one round trip, until Close.
+func (s *Store) coldRun() {
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.coldWake:
+		}
+		s.mu.Lock()
+		if s.coldCalls >= maxColdCalls {
+			s.mu.Unlock()
+			continue // the next call to end wakes this loop
+		}
+		now := s.now()
+		lead := s.opts.Refresh + s.rtt
+		var ops []limit.GrantOp
+		var es []*entry
+		for _, e := range s.coldQ {
+			e.queued = false
+			if e.inFlight {
+				continue // its draw under way will wake its waiters
+			}
+			n := s.drawSize(e, now, lead)
+			if n == 0 {
+				e.wakeWaiters() // spent, or the window's tail: nothing to wait for
+				continue
+			}
+			// What is owed is settled first, in the same call: the home
+			// must not grant hits already charged here.
+			for _, op := range s.settleOps(e, false) {
+				ops, es = append(ops, op), append(es, e)
+			}
+			ops = append(ops, limit.GrantOp{Check: e.check.WithHits(n)})
+			es = append(es, e)
+			e.inFlight = true
+		}
+		s.coldQ = s.coldQ[:0]
+		if len(ops) > 0 {
+			s.coldCalls++
+		}
+		s.mu.Unlock()
+		if len(ops) > 0 {
+			s.wg.Go(func() {
+				s.send(ops, es, false)
+				s.mu.Lock()
+				s.coldCalls--
+				queued := len(s.coldQ) > 0
+				s.mu.Unlock()
+				if queued {
+					select {
+					case s.coldWake <- struct{}{}:
+					default:
+					}
+				}
+			})
+		}
+	}
+}
+
+// wakeWaiters wakes the requests waiting for e's draw. Called with mu
+// held.
+func (e *entry) wakeWaiters() {
+	if e.drawn != nil {
+		close(e.drawn)
+		e.drawn = nil
+	}
+}
+
+// send makes one call to the home with ops and takes the answers in.
+func (s *Store) send(ops []limit.GrantOp, es []*entry, all bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.HomeTimeout)
 	start := s.now()
 	out, err := s.home.GrantWithin(ctx, ops)
@@ -65,6 +146,7 @@ func (s *Store) pass(all bool) {
 	s.homeAnswered(err, start)
 	for i, e := range es {
 		e.inFlight = false
+		e.wakeWaiters()
 		var r limit.GrantResult
 		if err == nil {
 			r = out[i]
@@ -181,7 +263,7 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 			e.gen++
 		case all:
 		case idle:
-			if !e.inFlight && e.owed() == 0 && len(e.flights) == 0 {
+			if !e.inFlight && e.owed() == 0 && len(e.flights) == 0 && e.waiting == 0 {
 				delete(s.entries, k)
 			}
 		default:
@@ -195,6 +277,7 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 			}
 		}
 	}
+	s.m.setCounters(len(s.entries))
 	return ops, es
 }
 
@@ -272,7 +355,7 @@ func (s *Store) drawSize(e *entry, now time.Time, lead time.Duration) uint64 {
 		e.remaining = e.check.Limit // a new window: what it holds is not known yet
 	}
 	want := uint64(math.Ceil(e.Rate * min(lead, span).Seconds()))
-	want = max(want, e.Asked, 1) // a new counter: what it was asked so far
+	want = max(want, e.Asked, e.waiting, 1) // a new counter: what it was asked so far
 	// A budget check holds a stream's estimate whole: hold two, so that
 	// the next check finds one while the draw for more is on its way.
 	want = max(want, 2*e.estimate())
@@ -282,7 +365,9 @@ func (s *Store) drawSize(e *entry, now time.Time, lead time.Duration) uint64 {
 	target := max(uint64(math.Ceil(e.Rate*span.Seconds())), want)
 	n := target - min(e.avail, target)
 	if cap := e.remaining / fairShare; n > cap {
-		n = max(cap, min(n, e.remaining, 1))
+		// Requests waiting for hits are demand in hand, not a hoard:
+		// they are drawn for past the fair share.
+		n = max(cap, min(n, e.remaining, max(e.waiting, 1)))
 	}
 	return n
 }

@@ -1,0 +1,139 @@
+package global_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/global"
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+)
+
+// TestSparseKeysAdmitted: per-tenant global limits as most users run
+// them — tenants asking once in a while, brand-new tenants, a burst after
+// a long idle — are admitted while the home has room: a request that
+// finds nothing held waits for a draw made on its behalf (coalesced with
+// the other cold keys'), one round trip, instead of being refused. The
+// answer time is checked with a generous bound (the benchmark measures
+// it): the property is that none is refused.
+func TestSparseKeysAdmitted(t *testing.T) {
+	const rtt = 60 * time.Millisecond
+	w := newWorld(t, 2, 1, func(int) time.Duration { return rtt }, 5*time.Millisecond, global.Options{})
+	tenant := func(name string, lim uint64) limit.Check {
+		return limit.Check{Key: "tenant:" + name, Limit: lim, WindowUS: 3600e6, Hits: 1, Global: true}
+	}
+	ctx := context.Background()
+	var mu sync.Mutex
+	var took []time.Duration
+	ask := func(g *global.Store, c limit.Check) bool {
+		t.Helper()
+		start := time.Now()
+		res, err := g.Evaluate(ctx, []limit.Check{c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		took = append(took, time.Since(start))
+		mu.Unlock()
+		return !res[0].Over
+	}
+	// New tenants, 40 at once over both regions: one draw each, in few
+	// calls.
+	var wg sync.WaitGroup
+	refused := 0
+	for i := range 40 {
+		wg.Go(func() {
+			if !ask(w.regions[i%2].instances[0], tenant(fmt.Sprint("new", i), 100)) {
+				mu.Lock()
+				refused++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if refused > 0 {
+		t.Errorf("%d of 40 new tenants' first requests refused, want none", refused)
+	}
+	// Sparse tenants: asked again after the store forgot them (idle
+	// past 5 s): each finds nothing held and waits for a draw again.
+	time.Sleep(6 * time.Second)
+	for i := range 10 {
+		if !ask(w.regions[i%2].instances[0], tenant(fmt.Sprint("new", i), 100)) {
+			t.Errorf("tenant new%d asked again after 6 s idle: refused", i)
+		}
+	}
+	// A burst after idle: 50 requests at once on a limit of 100 a
+	// window, all admitted; a burst of 60 on a limit of 50, exactly 50.
+	for _, tt := range []struct {
+		name       string
+		lim, burst int
+		want       int
+	}{{"burst", 100, 50, 50}, {"over", 50, 60, 50}} {
+		c := tenant(tt.name, uint64(tt.lim))
+		var admitted sync.WaitGroup
+		n := 0
+		for range tt.burst {
+			admitted.Go(func() {
+				if ask(w.regions[0].instances[0], c) {
+					mu.Lock()
+					n++
+					mu.Unlock()
+				}
+			})
+		}
+		admitted.Wait()
+		if n != tt.want {
+			t.Errorf("%s: %d of %d at once on a limit of %d admitted, want %d", tt.name, n, tt.burst, tt.lim, tt.want)
+		}
+	}
+	slices.Sort(took)
+	p99 := took[len(took)*99/100]
+	// One round trip plus the wait's margin is the goal; a busy machine
+	// gets a generous bound.
+	if p99 > 2*time.Second {
+		t.Errorf("p99 answer %v for %d requests, want well under 2 s", p99, len(took))
+	}
+	t.Logf("%d requests, p50 %v, p99 %v (round trip %v)", len(took), took[len(took)/2], p99, rtt)
+}
+
+// TestColdDrawSettlesFirst: a request waiting for a draw on a budget
+// this instance owes charges to has them settled at the home in the same
+// call, first: the home must not grant hits already charged here. A
+// budget of 100 charged 90 beyond what was held, then asked a request
+// costing 1: the answer tells at most the 9 really left.
+func TestColdDrawSettlesFirst(t *testing.T) {
+	clock := hourClock()
+	// No refresh to speak of: only the cold drawer calls the home after
+	// the first draw.
+	w := newWorldWith(t, 1, 1, func(int) time.Duration { return 5 * time.Millisecond }, 0,
+		global.Options{Refresh: time.Hour, Now: clock}, func(o *redisstore.Options) { o.ScriptTime = clock })
+	g := w.regions[0].instances[0]
+	decide := func(c limit.Check) limit.Result {
+		t.Helper()
+		res, err := g.Evaluate(context.Background(), []limit.Check{c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	const key, lim = "g:cold-settle", 100
+	if r := decide(budgetCheck(key, lim, 0, limit.ByHits)); r.Over {
+		t.Fatalf("a check on a fresh budget: %+v", r)
+	}
+	time.Sleep(50 * time.Millisecond) // the first draw, kicked by the new counter, lands
+	if r := decide(budgetCheck(key, lim, 90, limit.ByHits)); r.Over {
+		t.Fatalf("a charge of 90 of 100: %+v", r)
+	}
+	r := decide(budgetCheck(key, lim, 1, limit.CostCheck))
+	if r.Over || r.Remaining > lim-90-1 {
+		t.Errorf("a request costing 1 after 90 charged of 100: %+v, want admitted with at most 9 left", r)
+	}
+	w.close()
+	if n := homeCount(t, w, key); n != 91 {
+		t.Errorf("the home counted %d, want the 90 charged and the 1 the request cost", n)
+	}
+}
