@@ -392,6 +392,21 @@ func (s *Snapshot) Warnings() []string {
 	return out
 }
 
+// GlobalRules returns the limits marked global (rate_limit.global, or
+// made so by --global-domains), one "file:line: path" each: one limit
+// across regions only where the server draws them from a home Redis.
+func (s *Snapshot) GlobalRules() []string {
+	var out []string
+	for _, name := range s.Domains() {
+		for _, r := range s.Domain(name).rules {
+			if r.Limit != nil && r.Limit.Global {
+				out = append(out, fmt.Sprintf("%s:%d: %s", r.File, r.Line, r.Path))
+			}
+		}
+	}
+	return out
+}
+
 // looksLikeRequestID reports a descriptor key named as a request's id
 // (x-request-id, request_id, requestId, ...).
 func looksLikeRequestID(key string) bool {

@@ -440,6 +440,8 @@ muts = [
     ("418 waiting demand drawn only to the fair share","internal/global/refill.go","n = max(cap, min(n, e.remaining, max(e.waiting, 1)))","n = max(cap, min(n, e.remaining, 1))","./internal/global","TestSparseKeysAdmitted"),
     ("419 a cold draw taken before what is owed is settled","internal/global/refill.go","\t\t\tfor _, op := range s.settleOps(e, false) {\n\t\t\t\tops, es = append(ops, op), append(es, e)\n\t\t\t}\n\t\t\tops = append(ops, limit.GrantOp{Check: e.check.WithHits(n)})","\t\t\tops = append(ops, limit.GrantOp{Check: e.check.WithHits(n)})","./internal/global","TestColdDrawSettlesFirst"),
     ("420 a burst's followers wait for no draw of their own","internal/global/decide.go","return s.evaluate(ctx, checks, s.coldWait(ctx, &p, drawn, until))","s.coldWait(ctx, &p, drawn, until)\n\t\treturn s.evaluate(ctx, checks, time.Unix(1, 0))","./internal/global","TestSparseKeysAdmitted"),
+    ("421 a global rule without a home loaded silently","cmd/ratelimitd/run.go","\t\ta.warnGlobalWithoutHome(a.rules)\n","","./cmd/ratelimitd","TestGlobalSaidWhereUsersLook"),
+    ("422 a home not answering at start said to answer by failure_mode","cmd/ratelimitd/store.go","case err != nil && flag == \"--global-redis-url\":","case err != nil && flag == \"\":","./cmd/ratelimitd","TestGlobalSaidWhereUsersLook"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -157,3 +157,34 @@ func TestGlobalDomainsAIGatewayBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestGlobalSaidWhereUsersLook: a global rule without a home is said so
+// by check-config and by the server at load (each region then enforces
+// its own); a home that does not answer at start is said to leave global
+// checks to the partition policy, not the failure mode; the startup line
+// names the global domains.
+func TestGlobalSaidWhereUsersLook(t *testing.T) {
+	rules := writeRules(t, "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 100, global: true}\n")
+	var out, errOut syncBuffer
+	if err := run(context.Background(), []string{"check-config", rules}, env(nil), &out, &errOut); err != nil {
+		t.Fatalf("check-config: %v\n%s", err, errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "note: 1 limit(s) global") || !strings.Contains(errOut.String(), "--global-redis-url") {
+		t.Errorf("check-config said nothing of the global limit:\n%s", errOut.String())
+	}
+	in := start(t, env(nil), "--config", rules)
+	if log := in.log.String(); !strings.Contains(log, "rules mark limits global") || !strings.Contains(log, "each region enforces them on its own") {
+		t.Errorf("the server loaded a global rule without a home silently:\n%s", log)
+	}
+	region := redistest.Start(t)
+	in = start(t, env(nil), "--config", rules, "--redis-url", region.URL(), "--global-redis-url", "redis://"+freeAddr(t),
+		"--global-domains", "api")
+	log := in.log.String()
+	if !strings.Contains(log, "the home Redis does not answer yet; global checks beyond what is held follow --global-partition") ||
+		strings.Contains(log, "rules mark limits global") {
+		t.Errorf("a home not answering at start:\n%s", log)
+	}
+	if !strings.Contains(log, "global_domains=api") {
+		t.Errorf("the startup line does not name the global domains:\n%s", log)
+	}
+}

@@ -161,6 +161,7 @@ func (a *app) loadRules(ctx context.Context) error {
 		a.m.ConfigLoaded(true, a.rules.Hash, a.rules.LoadedAt)
 		a.incumbent.ConfigLoaded(true)
 		a.log.Info("rules loaded", "files", len(a.rules.Files), "domains", len(a.rules.Domains()), "hash", a.rules.Hash)
+		a.warnGlobalWithoutHome(a.rules)
 	case s.xds.beforeRules == "ok":
 		a.rules, err = config.LoadDocs(ctx, a.loadOps, nil)
 	}
@@ -295,6 +296,19 @@ func (a *app) apply(rules *config.Snapshot, err error) {
 	}
 	a.svc.SetRules(rules)
 	a.log.Info("rules reloaded", "files", len(rules.Files), "domains", len(rules.Domains()), "hash", rules.Hash)
+	a.warnGlobalWithoutHome(rules)
+}
+
+// warnGlobalWithoutHome says so when rules mark limits global and no home
+// Redis is set: each region then enforces its own.
+func (a *app) warnGlobalWithoutHome(rules *config.Snapshot) {
+	if a.s.globalURL != "" {
+		return
+	}
+	if g := rules.GlobalRules(); len(g) > 0 {
+		a.log.Warn("rules mark limits global (rate_limit.global) but --global-redis-url is not set: each region enforces them on its own",
+			"limits", len(g), "first", g[0])
+	}
 }
 
 func (a *app) reloadTLS(id *identity) {

@@ -86,7 +86,8 @@ func withGlobal(ctx context.Context, s *settings, opts redisstore.Options, m *al
 	gopts := s.global
 	gopts.Metrics, gopts.Logger = m.global, log
 	g := global.New(local, home, gopts)
-	log.Info("global limits drawn from the home Redis", "url", redisstore.Redact(s.globalURL), "refresh", gopts.Refresh, "partition", s.globalPolicy)
+	log.Info("global limits drawn from the home Redis", "url", redisstore.Redact(s.globalURL), "refresh", gopts.Refresh, "partition", s.globalPolicy,
+		"global_domains", s.globalDomains)
 	return g, func() { _ = g.Close(); _ = home.Close(); closeLocal() }, nil
 }
 
@@ -120,9 +121,12 @@ func openRedis(ctx context.Context, opts redisstore.Options, flag string, log *s
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
-	if err := rs.Ping(ctx); err != nil {
+	switch err := rs.Ping(ctx); {
+	case err != nil && flag == "--global-redis-url":
+		log.Warn("the home Redis does not answer yet; global checks beyond what is held follow --global-partition until it does", "redis", flag, "mode", rs.Mode(), "err", err)
+	case err != nil:
 		log.Warn("redis does not answer yet; answering by failure_mode until it does", "redis", flag, "mode", rs.Mode(), "err", err)
-	} else {
+	default:
 		log.Info("redis ready", "redis", flag, "mode", rs.Mode())
 	}
 	return rs, nil

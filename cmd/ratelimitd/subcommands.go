@@ -57,6 +57,9 @@ func checkConfig(ctx context.Context, args []string, out, errOut io.Writer) erro
 	for _, w := range snap.Warnings() {
 		fmt.Fprintln(errOut, w)
 	}
+	if g := snap.GlobalRules(); len(g) > 0 {
+		fmt.Fprintf(errOut, "%s: note: %d limit(s) global (rate_limit.global): one limit across regions where the server runs with --global-redis-url; without it each region enforces its own\n", g[0], len(g))
+	}
 	fmt.Fprintf(out, "%s: ok: %d file(s), %d domain(s), %d rule(s), hash %s\n", strings.Join(fs.Args(), " "), len(snap.Files), len(snap.Domains()), rules, snap.Hash)
 	return nil
 }
