@@ -442,6 +442,8 @@ muts = [
     ("420 a burst's followers wait for no draw of their own","internal/global/decide.go","return s.evaluate(ctx, checks, s.coldWait(ctx, &p, drawn, until))","s.coldWait(ctx, &p, drawn, until)\n\t\treturn s.evaluate(ctx, checks, time.Unix(1, 0))","./internal/global","TestSparseKeysAdmitted"),
     ("421 a global rule without a home loaded silently","cmd/ratelimitd/run.go","\t\ta.warnGlobalWithoutHome(a.rules)\n","","./cmd/ratelimitd","TestGlobalSaidWhereUsersLook"),
     ("422 a home not answering at start said to answer by failure_mode","cmd/ratelimitd/store.go","case err != nil && flag == \"--global-redis-url\":","case err != nil && flag == \"\":","./cmd/ratelimitd","TestGlobalSaidWhereUsersLook"),
+    ("423 a global charge over when this instance sees too little","internal/global/decide.go","r.Over = hits > 0 && left == 0","r.Over = hits > left","./internal/global","TestGlobalBudgetAnswers"),
+    ("424 a refused global budget check resets in a refresh","internal/global/decide.go","if (!p.now.Before(e.dryUntil) || s.out) && !c.Usage {","if !p.now.Before(e.dryUntil) || s.out {","./internal/global","TestGlobalBudgetAnswers"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -62,7 +62,7 @@ func WithDecidedAt(ctx context.Context, at *time.Time) context.Context {
 // held on a counter whose home may have room (a key asked for the first
 // time, or again after it went idle) waits for a draw made at once on
 // its behalf, coalesced with the other cold keys' (coldRun), at most
-// twice the home's round trip and coldMargin (coldWait), and is decided again: a
+// twice the home's round trip and Options.ColdMargin (coldWait), and is decided again: a
 // key with room is not refused for being rarely asked.
 func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	global := false
@@ -94,7 +94,7 @@ func (s *Store) evaluate(ctx context.Context, checks []limit.Check, until time.T
 		}
 	}
 	var drawn []chan struct{}
-	if p.refused && len(p.cold) > 0 {
+	if len(p.cold) > 0 {
 		drawn = s.awaitDraws(p.cold)
 	}
 	s.mu.Unlock()
@@ -227,32 +227,31 @@ func (s *Store) beyondHeld(p *plan, i int, c *limit.Check, e *entry) {
 		s.m.request("shared")
 		return
 	}
-	if p.mayWait && !s.out && !p.now.Before(e.dryUntil) && e.left(p.now) > 0 {
-		// Not known spent at the home, nor by what is owed to it:
-		// wait for a draw.
-		p.cold = append(p.cold, coldCheck{e: e, hits: max(c.SaturatedHits(), e.estimate(), 1)})
-		p.refused = p.refused || !c.NoVeto
-		return
-	}
 	r := limit.Result{Over: true}
 	if e.resetAt.After(p.now) {
 		r.ResetUS = e.resetAt.Sub(p.now).Microseconds()
+	} else {
+		// The window's end as this clock has it: the home's not heard.
+		now := p.now.UnixMicro()
+		r.ResetUS = limit.WindowEnd(now, c.WindowUS) - now
 	}
-	if !p.now.Before(e.dryUntil) || s.out {
+	if (!p.now.Before(e.dryUntil) || s.out) && !c.Usage {
 		// Not spent at the home, as far as is known: a retry after the
-		// next top-up may pass.
+		// next top-up may pass. (A budget's refusal keeps the window's
+		// end, as a region's budget answers it.)
 		r.ResetUS = min(max(r.ResetUS, 0), s.opts.Refresh.Microseconds())
 	}
 	p.results[i] = r
 	p.refused = p.refused || !c.NoVeto
+	if p.mayWait && !s.out && !p.now.Before(e.dryUntil) && e.left(p.now) > 0 {
+		// Not known spent at the home, nor by what is owed to it:
+		// wait for a draw, and decide it again (a shadow or quota-mode
+		// check too: its verdict counts).
+		p.cold = append(p.cold, coldCheck{e: e, hits: max(c.SaturatedHits(), e.estimate(), 1)})
+		return
+	}
 	s.m.request("short")
 }
-
-// coldMargin is how much longer than twice the home's round trip a cold
-// check waits for its draw: a draw takes one round trip, and a second
-// covers a call that had to open a connection first (a handshake and
-// HELLO), the drawer's turn and the draw's own work.
-const coldMargin = 50 * time.Millisecond
 
 // awaitDraws registers the cold checks' demand (drawn for past the fair
 // share: demand in hand, not a hoard) and queues their counters for the
@@ -281,13 +280,13 @@ func (s *Store) awaitDraws(cold []coldCheck) []chan struct{} {
 }
 
 // coldWait waits, within ctx and until (zero: from now, twice the home's
-// round trip plus coldMargin, a refresh for a round trip while none is
+// round trip plus Options.ColdMargin, a refresh for a round trip while none is
 // known), for the draws of p's cold checks, then withdraws their demand.
 // It returns until, or a time past when the draws did not come in it.
 func (s *Store) coldWait(ctx context.Context, p *plan, drawn []chan struct{}, until time.Time) time.Time {
 	if until.IsZero() {
 		s.mu.Lock()
-		until = time.Now().Add(2*cmp.Or(s.rtt, s.opts.Refresh) + coldMargin)
+		until = time.Now().Add(2*cmp.Or(s.rtt, s.opts.Refresh) + s.opts.ColdMargin)
 		s.mu.Unlock()
 	}
 	t := time.NewTimer(time.Until(until))
@@ -375,14 +374,18 @@ func (s *Store) budgetCheck(p *plan, i int, c *limit.Check, e *entry, valid bool
 
 // charge takes a global budget's usage charge, whatever the decision:
 // from the hits held, the rest owed to the home and settled there in the
-// background. It is over, as a charge on a region's counter is, when it
-// spends more than was left. Called with mu held.
+// background. It is over only when the budget was known spent before it.
+// Called with mu held.
 func (s *Store) charge(p *plan, i int, c *limit.Check, e *entry) {
 	hits := c.SaturatedHits()
 	left, owed := s.spend(e, hits, p.now)
 	p.short = p.short || owed
 	r := s.usageAnswer(e, p.now, p.now.Before(e.validTill))
-	r.Over = hits > left
+	// Over only when the budget was spent as far as anyone can tell: what
+	// the home had left, less what is owed, and what is held here was
+	// nothing. Other instances hold hits unused that this one cannot
+	// see, so a charge beyond what it sees may well fit the budget.
+	r.Over = hits > 0 && left == 0
 	p.results[i] = r
 	p.refused = p.refused || r.Over && !c.NoVeto
 	if s.out && s.opts.Policy == Share {

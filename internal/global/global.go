@@ -65,6 +65,10 @@ type Options struct {
 	// OutAfter is how long calls to the home must keep failing before it
 	// counts as out and Policy answers; zero means 2 × HomeTimeout.
 	OutAfter time.Duration
+	// ColdMargin is how much longer than twice the home's round trip a
+	// request that found too little held waits for a draw made on its
+	// behalf; zero means DefaultColdMargin.
+	ColdMargin time.Duration
 	// Policy and Share: the partition policy.
 	Policy Policy
 	Share  float64
@@ -80,6 +84,10 @@ type Options struct {
 const (
 	DefaultRefresh     = 250 * time.Millisecond
 	DefaultHomeTimeout = 2 * time.Second
+	// DefaultColdMargin covers, beyond the draw's round trip, a second
+	// one (a call that had to open a connection first: a handshake and
+	// HELLO), the drawer's turn and the draw's own work.
+	DefaultColdMargin = 50 * time.Millisecond
 )
 
 // Validate refuses options no store can run with.
@@ -138,6 +146,9 @@ func New(local Local, home Home, opts Options) *Store {
 	}
 	if opts.OutAfter == 0 {
 		opts.OutAfter = 2 * opts.HomeTimeout
+	}
+	if opts.ColdMargin == 0 {
+		opts.ColdMargin = DefaultColdMargin
 	}
 	s := &Store{local: local, home: home, opts: opts, id: rand.Text(), now: opts.Now, log: opts.Logger, m: opts.Metrics,
 		entries: map[string]*entry{}, wake: make(chan struct{}, 1), coldWake: make(chan struct{}, 1), stop: make(chan struct{})}
