@@ -444,6 +444,8 @@ muts = [
     ("422 a home not answering at start said to answer by failure_mode","cmd/ratelimitd/store.go","case err != nil && flag == \"--global-redis-url\":","case err != nil && flag == \"\":","./cmd/ratelimitd","TestGlobalSaidWhereUsersLook"),
     ("423 a global charge over when this instance sees too little","internal/global/decide.go","r.Over = hits > 0 && left == 0","r.Over = hits > left","./internal/global","TestGlobalBudgetAnswers"),
     ("424 a refused global budget check resets in a refresh","internal/global/decide.go","if (!p.now.Before(e.dryUntil) || s.out) && !c.Usage {","if !p.now.Before(e.dryUntil) || s.out {","./internal/global","TestGlobalBudgetAnswers"),
+    ("425 demand after a draw left waits for it, then its own","internal/global/decide.go","if !e.queued && (e.inFlight == 0 || e.waiting > e.asking) {","if !e.queued && e.inFlight == 0 {","./internal/global","TestLateDemandDrawnAtOnce"),
+    ("426 the home's connections readied without the grant script","internal/redisstore/redisstore.go","wg.Go(func() { errs[0] = s.grantScript.Load(ctx, c).Err() })","wg.Go(func() { errs[0] = c.Ping(ctx).Err() })","./internal/global","TestLateDemandDrawnAtOnce"),
 ]
 only = sys.argv[1:]
 missed = 0

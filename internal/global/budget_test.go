@@ -79,7 +79,10 @@ func budgetCheck(key string, lim uint64, hits uint64, kind limit.UsageKind) limi
 // twice would add a whole settle).
 func TestGlobalBudgetChargesSettleOnce(t *testing.T) {
 	w, m, _ := budgetWorld(t)
-	const key, lim = "g:budget", 150_000
+	// Well below what the streams charge (about 160,000 here; 140,000
+	// under -race beside other packages' tests), so that charges go
+	// beyond what is held on a busy machine too.
+	const key, lim = "g:budget", 100_000
 	var charged, unkept atomic.Uint64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

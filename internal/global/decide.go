@@ -267,7 +267,9 @@ func (s *Store) awaitDraws(cold []coldCheck) []chan struct{} {
 			e.drawn = make(chan struct{})
 		}
 		drawn = append(drawn, e.drawn)
-		if !e.inFlight && !e.queued {
+		// A draw under way covers the demand it was sized for; more
+		// demand gets a draw of its own at once, not after it.
+		if !e.queued && (e.inFlight == 0 || e.waiting > e.asking) {
 			e.queued = true
 			s.coldQ = append(s.coldQ, e)
 		}
@@ -280,13 +282,24 @@ func (s *Store) awaitDraws(cold []coldCheck) []chan struct{} {
 }
 
 // coldWait waits, within ctx and until (zero: from now, twice the home's
-// round trip plus Options.ColdMargin, a refresh for a round trip while none is
-// known), for the draws of p's cold checks, then withdraws their demand.
+// round trip plus Options.ColdMargin, a refresh for a round trip while
+// none is known; to a round trip past the window's end, when it ends
+// sooner), for the draws of p's cold checks, then withdraws their demand.
 // It returns until, or a time past when the draws did not come in it.
 func (s *Store) coldWait(ctx context.Context, p *plan, drawn []chan struct{}, until time.Time) time.Time {
 	if until.IsZero() {
 		s.mu.Lock()
-		until = time.Now().Add(2*cmp.Or(s.rtt, s.opts.Refresh) + s.opts.ColdMargin)
+		rtt, now := cmp.Or(s.rtt, s.opts.Refresh), s.now()
+		wait := 2*rtt + s.opts.ColdMargin
+		for _, c := range p.cold {
+			// A window that ends meanwhile voids what was drawn in it:
+			// its requests wait for the next window's draw, a round
+			// trip after it opens.
+			if d := c.e.windowEndAfter(now).Sub(now); d < wait {
+				wait = max(wait, d+afterEnd+rtt+s.opts.ColdMargin)
+			}
+		}
+		until = time.Now().Add(wait)
 		s.mu.Unlock()
 	}
 	t := time.NewTimer(time.Until(until))

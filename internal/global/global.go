@@ -90,6 +90,11 @@ const (
 	DefaultColdMargin = 50 * time.Millisecond
 )
 
+// homeConns is how many connections to the home a store readies at
+// start (Warm): the cold drawer's calls and the refiller's, made at once;
+// a call that must dial first waits two round trips, not one.
+const homeConns = maxColdCalls + 2
+
 // Validate refuses options no store can run with.
 func (o Options) Validate() error {
 	switch {
@@ -157,6 +162,17 @@ func New(local Local, home Home, opts Options) *Store {
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
+	}
+	if w, ok := home.(interface {
+		Warm(context.Context, int) error
+	}); ok {
+		// The first calls made together (a burst of new keys) find
+		// connections ready, not a handshake more to wait.
+		s.wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), opts.HomeTimeout)
+			defer cancel()
+			_ = w.Warm(ctx, homeConns)
+		})
 	}
 	s.wg.Go(s.run)
 	s.wg.Go(s.coldRun)
@@ -244,7 +260,10 @@ type entry struct {
 
 	lease.Meter // the hits asked (charged, on a budget), and their smoothed rate
 	lastUse     time.Time
-	inFlight    bool
+	// inFlight counts e's ops in calls under way; asking, the hits their
+	// draws asked for (a cold draw asks only for what they do not).
+	inFlight int
+	asking   uint64
 	// waiting is the hits of requests waiting for a draw (coldWait),
 	// drawn when the next draw closes drawn; queued: in the cold
 	// drawer's queue.
@@ -355,6 +374,18 @@ func (e *entry) left(now time.Time) uint64 {
 		r = e.check.Limit
 	}
 	return r - min(r, e.owed())
+}
+
+// windowEndAfter is when the window in force at now ends, on this
+// clock: as the home last said (in its tail, when it may not have ended
+// at the home yet, that end), or, not heard in it yet, as this clock
+// reckons.
+func (e *entry) windowEndAfter(now time.Time) time.Time {
+	if e.resetAt.Add(afterEnd).After(now) {
+		return e.resetAt
+	}
+	us := now.UnixMicro()
+	return now.Add(time.Duration(limit.WindowEnd(us, e.check.WindowUS)-us) * time.Microsecond)
 }
 
 // chargeWindow is the end, on the home's clock, of the window a charge

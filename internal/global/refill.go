@@ -1,6 +1,7 @@
 package global
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"time"
@@ -60,55 +61,51 @@ func (s *Store) pass(all bool) {
 
 // maxColdCalls bounds the cold drawer's calls under way at once: beyond,
 // the counters queued wait for one to end and go together in the next
-// (a flood of new keys makes few large calls, not one per key; each
-// waits two round trips at most).
-const maxColdCalls = 4
+// (a flood of new keys makes few large calls, not one per key: at most
+// maxColdCalls a round trip; each waits two round trips at most). The
+// store readies as many connections to the home (homeConns).
+const maxColdCalls = 16
 
 // coldRun draws, as soon as they are asked for, for the counters that
 // requests wait on (awaitDraws): every counter queued goes in one call,
 // sent at once beside the passes and the cold calls still under way (at
-// most maxColdCalls), so a request waits one round trip, until Close.
+// most maxColdCalls, paced), so a request waits one round trip, until
+// Close. A counter whose window is ending waits for the next to open.
 func (s *Store) coldRun() {
+	again := time.NewTimer(time.Hour)
+	defer again.Stop()
+	var sent time.Time // when the last cold call left
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-s.coldWake:
+		case <-again.C:
 		}
 		s.mu.Lock()
 		if s.coldCalls >= maxColdCalls {
 			s.mu.Unlock()
 			continue // the next call to end wakes this loop
 		}
-		now := s.now()
-		lead := s.opts.Refresh + s.rtt
-		var ops []limit.GrantOp
-		var es []*entry
-		for _, e := range s.coldQ {
-			e.queued = false
-			if e.inFlight {
-				continue // its draw under way will wake its waiters
-			}
-			n := s.drawSize(e, now, lead)
-			if n == 0 {
-				e.wakeWaiters() // spent, or the window's tail: nothing to wait for
-				continue
-			}
-			// What is owed is settled first, in the same call: the home
-			// must not grant hits already charged here.
-			for _, op := range s.settleOps(e, false) {
-				ops, es = append(ops, op), append(es, e)
-			}
-			ops = append(ops, limit.GrantOp{Check: e.check.WithHits(n)})
-			es = append(es, e)
-			e.inFlight = true
+		// Paced, a call each round trip / maxColdCalls at most: the
+		// calls under way never fill every slot (a flood of requests
+		// would then wait a round trip for one), and what comes in
+		// between goes in one call.
+		if gap := cmp.Or(s.rtt, s.opts.Refresh)/maxColdCalls - time.Since(sent); gap > 0 {
+			s.mu.Unlock()
+			again.Reset(gap)
+			continue
 		}
-		s.coldQ = s.coldQ[:0]
+		ops, es, next := s.coldOps()
 		if len(ops) > 0 {
 			s.coldCalls++
 		}
 		s.mu.Unlock()
+		if next > 0 {
+			again.Reset(next)
+		}
 		if len(ops) > 0 {
+			sent = time.Now()
 			s.wg.Go(func() {
 				s.send(ops, es, false)
 				s.mu.Lock()
@@ -126,6 +123,54 @@ func (s *Store) coldRun() {
 	}
 }
 
+// coldOps takes the cold drawer's queue: the draws to make now for the
+// counters queued (their settles first), and how long until the first of
+// those left queued, their window ending, may draw. Called with mu held.
+func (s *Store) coldOps() (ops []limit.GrantOp, es []*entry, next time.Duration) {
+	now := s.now()
+	lead := s.opts.Refresh + s.rtt
+	later := s.coldQ[:0]
+	for _, e := range s.coldQ {
+		if e.inTail(now) {
+			// A draw now would land in the window's last moments,
+			// void: it leaves as the next window opens.
+			later = append(later, e)
+			if d := e.resetAt.Add(afterEnd).Sub(now); next == 0 || d < next {
+				next = d
+			}
+			continue
+		}
+		e.queued = false
+		if e.inFlight > 0 && e.waiting <= e.asking {
+			continue // its draw under way will wake its waiters
+		}
+		// Beyond what the draws under way asked for: the demand
+		// that came after they left.
+		n := s.drawSize(e, now, lead)
+		n -= min(n, e.asking)
+		if n == 0 {
+			if e.inFlight == 0 {
+				e.wakeWaiters() // spent: nothing to wait for
+			}
+			continue
+		}
+		if e.inFlight == 0 {
+			// What is owed is settled first, in the same call: the
+			// home must not grant hits already charged here.
+			for _, op := range s.settleOps(e, false) {
+				ops, es = append(ops, op), append(es, e)
+				e.inFlight++
+			}
+		}
+		ops = append(ops, limit.GrantOp{Check: e.check.WithHits(n)})
+		es = append(es, e)
+		e.inFlight++
+		e.asking += n
+	}
+	s.coldQ = later
+	return ops, es, next
+}
+
 // wakeWaiters wakes the requests waiting for e's draw. Called with mu
 // held.
 func (e *entry) wakeWaiters() {
@@ -141,17 +186,22 @@ func (s *Store) send(ops []limit.GrantOp, es []*entry, all bool) {
 	start := s.now()
 	out, err := s.home.GrantWithin(ctx, ops)
 	cancel()
+
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.homeAnswered(err, start)
 	for i, e := range es {
-		e.inFlight = false
+		op := &ops[i]
+		e.inFlight--
+		if !op.Settle && !op.GiveBack {
+			e.asking -= min(e.asking, op.Check.Hits)
+		}
 		e.wakeWaiters()
 		var r limit.GrantResult
 		if err == nil {
 			r = out[i]
 		}
-		switch op := &ops[i]; {
+		switch {
 		case op.Settle:
 			s.settled(e, op, r, err, all)
 		case err != nil && op.GiveBack:
@@ -166,7 +216,7 @@ func (s *Store) send(ops []limit.GrantOp, es []*entry, all bool) {
 			s.m.hits("given_back", r.Hits)
 			s.m.hits("lost", op.Check.Hits-r.Hits)
 			s.m.grant("returned")
-			if !all && e.avail == 0 && e.owed() == 0 && s.now().Sub(e.lastUse) > s.idleAfter() {
+			if !all && e.avail == 0 && e.owed() == 0 && e.inFlight == 0 && e.waiting == 0 && s.now().Sub(e.lastUse) > s.idleAfter() {
 				delete(s.entries, e.check.Key)
 			}
 		default:
@@ -246,24 +296,25 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 		if next := e.resetAt.Add(afterEnd); next.After(now) && (s.nextEnd.IsZero() || next.Before(s.nextEnd)) {
 			s.nextEnd = next
 		}
-		if e.inFlight {
+		if e.inFlight > 0 {
 			continue
 		}
 		s.age(e, now, all)
 		for _, op := range s.settleOps(e, all) {
 			ops, es = append(ops, op), append(es, e)
-			e.inFlight = true
+			e.inFlight++
 		}
 		idle := now.Sub(e.lastUse) > idleAfter
 		switch {
 		case e.avail > 0 && (all || idle):
 			ops = append(ops, limit.GrantOp{Check: e.check.WithHits(e.avail), GiveBack: true, WindowEndUS: e.windowEnd})
 			es = append(es, e)
-			e.avail, e.used, e.inFlight = 0, 0, true
+			e.avail, e.used = 0, 0
+			e.inFlight++
 			e.gen++
 		case all:
 		case idle:
-			if !e.inFlight && e.owed() == 0 && len(e.flights) == 0 && e.waiting == 0 {
+			if e.inFlight == 0 && e.owed() == 0 && len(e.flights) == 0 && e.waiting == 0 {
 				delete(s.entries, k)
 			}
 		default:
@@ -273,7 +324,8 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 			if n > 0 || e.usage && now.Sub(e.heard) >= s.opts.Refresh {
 				ops = append(ops, limit.GrantOp{Check: e.check.WithHits(n)})
 				es = append(es, e)
-				e.inFlight = true
+				e.inFlight++
+				e.asking += n
 			}
 		}
 	}
@@ -345,8 +397,8 @@ func (s *Store) drawSize(e *entry, now time.Time, lead time.Duration) uint64 {
 	if now.Before(e.dryUntil) {
 		return 0
 	}
-	if !now.Before(e.validTill) && now.Before(e.resetAt.Add(afterEnd)) {
-		return 0 // the window's tail: a draw would land in it, and be void
+	if e.inTail(now) {
+		return 0 // a draw would land in the window's tail, and be void
 	}
 	span := 2 * lead
 	if now.Before(e.resetAt) {
@@ -370,6 +422,13 @@ func (s *Store) drawSize(e *entry, now time.Time, lead time.Duration) uint64 {
 		n = max(cap, min(n, e.remaining, max(e.waiting, 1)))
 	}
 	return n
+}
+
+// inTail reports that the window of what e holds has ended on this
+// clock but may not have at the home yet: a draw made now could land in
+// it and be void.
+func (e *entry) inTail(now time.Time) bool {
+	return !now.Before(e.validTill) && now.Before(e.resetAt.Add(afterEnd))
 }
 
 // granted takes a draw's answer in (a read's, asked 0): the hits held, until when they may be

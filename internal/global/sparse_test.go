@@ -139,3 +139,42 @@ func TestColdDrawSettlesFirst(t *testing.T) {
 		t.Errorf("the home counted %d, want the 90 charged and the 1 the request cost", n)
 	}
 }
+
+// TestLateDemandDrawnAtOnce: requests that find a draw for their key
+// under way, sized before they came, get a draw of their own at once,
+// not after it: a burst's tail waits one round trip, not two. The home
+// is a second away so that the bound (1.6 s; two round trips are 2 s)
+// holds on a crowded machine.
+func TestLateDemandDrawnAtOnce(t *testing.T) {
+	const rtt = time.Second
+	w := newWorldWith(t, 1, 1, func(int) time.Duration { return rtt }, 0, global.Options{ColdMargin: 3 * time.Second, HomeTimeout: 5 * time.Second},
+		func(o *redisstore.Options) { o.Timeout = 5 * time.Second })
+	g := w.regions[0].instances[0]
+	time.Sleep(3 * rtt) // the store readies its connections to the home
+	c := limit.Check{Key: "tenant:late", Limit: 100, WindowUS: 3600e6, Hits: 1, Global: true}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var slow []time.Duration
+	ask := func() {
+		start := time.Now()
+		res, err := g.Evaluate(context.Background(), []limit.Check{c})
+		took := time.Since(start)
+		if err != nil || res[0].Over {
+			t.Errorf("refused: %v %+v", err, res)
+		}
+		if took > rtt*16/10 {
+			mu.Lock()
+			slow = append(slow, took)
+			mu.Unlock()
+		}
+	}
+	wg.Go(ask)
+	time.Sleep(100 * time.Millisecond) // the first draw is on its way
+	for range 20 {
+		wg.Go(ask)
+	}
+	wg.Wait()
+	if len(slow) > 0 {
+		t.Errorf("%d of 21 requests waited %v, more than one round trip (%v) and a margin: they waited for a draw that did not count them", len(slow), slow, rtt)
+	}
+}

@@ -273,6 +273,29 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
+// Warm readies n connections at once for grants (the grant script
+// loaded on one, a PING on each other, the handshake with each), so that
+// up to n grant calls made together later find a connection and the
+// script ready: to a Redis far away, a call that must dial and handshake
+// first, or load the script, takes two or three round trips instead of
+// one. On Cluster, on every master.
+func (s *Store) Warm(ctx context.Context, n int) error {
+	ping := func(c redis.UniversalClient) error {
+		errs := make([]error, max(n, 1))
+		var wg sync.WaitGroup
+		wg.Go(func() { errs[0] = s.grantScript.Load(ctx, c).Err() })
+		for i := 1; i < n; i++ {
+			wg.Go(func() { errs[i] = c.Ping(ctx).Err() })
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	}
+	if s.cluster != nil {
+		return s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return ping(c) })
+	}
+	return ping(s.client)
+}
+
 // probe pings and loads the script (on every master on Cluster).
 func (s *Store) probe(ctx context.Context) error {
 	if s.cluster != nil {
