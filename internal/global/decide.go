@@ -357,6 +357,9 @@ func (s *Store) budgetCheck(p *plan, i int, c *limit.Check, e *entry, valid bool
 	e.Asked += est + cost
 	var held uint64
 	if valid {
+		// Charges beyond their holds are paid before another stream
+		// is admitted.
+		s.m.hits("charged", e.repay())
 		held = e.avail
 	}
 	room := held
@@ -430,9 +433,11 @@ func (s *Store) spend(e *entry, hits uint64, now time.Time) (left uint64, owed b
 		s.m.hits("charged", k)
 	}
 	if rest == 0 {
+		// What came back beyond the charge pays what is owed first.
+		s.m.hits("charged", e.repay())
 		return left, false
 	}
-	e.owe(e.chargeWindow(now), rest)
+	e.owe(e.chargeWindow(now), rest, now)
 	return left, true
 }
 

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -308,6 +309,20 @@ func (e *entry) estimate() uint64 {
 	return min(uint64(math.Ceil(e.perCheck)), max(1, e.check.Limit/8))
 }
 
+// pooledStreams is when a budget's rest is pooled at the home: once it
+// covers fewer streams than this (at the estimate), each instance holds
+// at most one stream's beyond its flights, and a check short of one
+// waits for a draw of it, so that the last of a window is spent by
+// whichever instance has the streams, not stranded in another's holds.
+const pooledStreams = 8
+
+// pooled reports that e is a budget whose rest, as last heard, is
+// pooled at the home (pooledStreams).
+func (e *entry) pooled(now time.Time) bool {
+	est := e.estimate()
+	return e.usage && est > 0 && e.left(now) < pooledStreams*est
+}
+
 // land ends the oldest flight at a charge of hits: what it held goes
 // back to the grant (the charge is paid from it), and the charge teaches
 // the usage per check. It returns what the flight held (0: none here).
@@ -343,15 +358,43 @@ type debt struct {
 	end  int64
 	hits uint64
 	seq  uint64
+	at   time.Time // when it was first owed
 }
 
 // owe adds hits charged in the window ending at end to what is owed.
-func (e *entry) owe(end int64, hits uint64) {
+func (e *entry) owe(end int64, hits uint64, now time.Time) {
 	if n := len(e.debts); n > 0 && e.debts[n-1].end == end {
 		e.debts[n-1].hits += hits
 		return
 	}
-	e.debts = append(e.debts, debt{end: end, hits: hits})
+	e.debts = append(e.debts, debt{end: end, hits: hits, at: now})
+}
+
+// repay pays the debts of the window in force not yet sent to the home
+// from what is held, and returns what it paid. Called with mu held.
+func (e *entry) repay() uint64 {
+	var paid uint64
+	for i := range e.debts {
+		if d := &e.debts[i]; d.end == e.windowEnd && d.end != 0 {
+			k := min(e.avail, d.hits)
+			e.avail -= k
+			d.hits -= k
+			paid += k
+		}
+	}
+	e.debts = slices.DeleteFunc(e.debts, func(d debt) bool { return d.hits == 0 })
+	return paid
+}
+
+// owedNow is the debts of the window in force not yet sent to the home.
+func (e *entry) owedNow() uint64 {
+	var n uint64
+	for _, d := range e.debts {
+		if d.end == e.windowEnd && d.end != 0 {
+			n += d.hits
+		}
+	}
+	return n
 }
 
 // owed is what is owed to the home, settling or not.

@@ -1,7 +1,6 @@
 package global
 
 import (
-	"cmp"
 	"context"
 	"math"
 	"time"
@@ -56,127 +55,6 @@ func (s *Store) pass(all bool) {
 	s.mu.Unlock()
 	if len(ops) > 0 {
 		s.send(ops, es, all)
-	}
-}
-
-// maxColdCalls bounds the cold drawer's calls under way at once: beyond,
-// the counters queued wait for one to end and go together in the next
-// (a flood of new keys makes few large calls, not one per key: at most
-// maxColdCalls a round trip; each waits two round trips at most). The
-// store readies as many connections to the home (homeConns).
-const maxColdCalls = 16
-
-// coldRun draws, as soon as they are asked for, for the counters that
-// requests wait on (awaitDraws): every counter queued goes in one call,
-// sent at once beside the passes and the cold calls still under way (at
-// most maxColdCalls, paced), so a request waits one round trip, until
-// Close. A counter whose window is ending waits for the next to open.
-func (s *Store) coldRun() {
-	again := time.NewTimer(time.Hour)
-	defer again.Stop()
-	var sent time.Time // when the last cold call left
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-s.coldWake:
-		case <-again.C:
-		}
-		s.mu.Lock()
-		if s.coldCalls >= maxColdCalls {
-			s.mu.Unlock()
-			continue // the next call to end wakes this loop
-		}
-		// Paced, a call each round trip / maxColdCalls at most: the
-		// calls under way never fill every slot (a flood of requests
-		// would then wait a round trip for one), and what comes in
-		// between goes in one call.
-		if gap := cmp.Or(s.rtt, s.opts.Refresh)/maxColdCalls - time.Since(sent); gap > 0 {
-			s.mu.Unlock()
-			again.Reset(gap)
-			continue
-		}
-		ops, es, next := s.coldOps()
-		if len(ops) > 0 {
-			s.coldCalls++
-		}
-		s.mu.Unlock()
-		if next > 0 {
-			again.Reset(next)
-		}
-		if len(ops) > 0 {
-			sent = time.Now()
-			s.wg.Go(func() {
-				s.send(ops, es, false)
-				s.mu.Lock()
-				s.coldCalls--
-				queued := len(s.coldQ) > 0
-				s.mu.Unlock()
-				if queued {
-					select {
-					case s.coldWake <- struct{}{}:
-					default:
-					}
-				}
-			})
-		}
-	}
-}
-
-// coldOps takes the cold drawer's queue: the draws to make now for the
-// counters queued (their settles first), and how long until the first of
-// those left queued, their window ending, may draw. Called with mu held.
-func (s *Store) coldOps() (ops []limit.GrantOp, es []*entry, next time.Duration) {
-	now := s.now()
-	lead := s.opts.Refresh + s.rtt
-	later := s.coldQ[:0]
-	for _, e := range s.coldQ {
-		if e.inTail(now) {
-			// A draw now would land in the window's last moments,
-			// void: it leaves as the next window opens.
-			later = append(later, e)
-			if d := e.resetAt.Add(afterEnd).Sub(now); next == 0 || d < next {
-				next = d
-			}
-			continue
-		}
-		e.queued = false
-		if e.inFlight > 0 && e.waiting <= e.asking {
-			continue // its draw under way will wake its waiters
-		}
-		// Beyond what the draws under way asked for: the demand
-		// that came after they left.
-		n := s.drawSize(e, now, lead)
-		n -= min(n, e.asking)
-		if n == 0 {
-			if e.inFlight == 0 {
-				e.wakeWaiters() // spent: nothing to wait for
-			}
-			continue
-		}
-		if e.inFlight == 0 {
-			// What is owed is settled first, in the same call: the
-			// home must not grant hits already charged here.
-			for _, op := range s.settleOps(e, false) {
-				ops, es = append(ops, op), append(es, e)
-				e.inFlight++
-			}
-		}
-		ops = append(ops, limit.GrantOp{Check: e.check.WithHits(n)})
-		es = append(es, e)
-		e.inFlight++
-		e.asking += n
-	}
-	s.coldQ = later
-	return ops, es, next
-}
-
-// wakeWaiters wakes the requests waiting for e's draw. Called with mu
-// held.
-func (e *entry) wakeWaiters() {
-	if e.drawn != nil {
-		close(e.drawn)
-		e.drawn = nil
 	}
 }
 
@@ -293,9 +171,7 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 	lead := s.opts.Refresh + s.rtt
 	s.nextEnd = time.Time{}
 	for k, e := range s.entries {
-		if next := e.resetAt.Add(afterEnd); next.After(now) && (s.nextEnd.IsZero() || next.Before(s.nextEnd)) {
-			s.nextEnd = next
-		}
+		s.noteEnd(e, now)
 		if e.inFlight > 0 {
 			continue
 		}
@@ -307,11 +183,11 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 		idle := now.Sub(e.lastUse) > idleAfter
 		switch {
 		case e.avail > 0 && (all || idle):
-			ops = append(ops, limit.GrantOp{Check: e.check.WithHits(e.avail), GiveBack: true, WindowEndUS: e.windowEnd})
-			es = append(es, e)
-			e.avail, e.used = 0, 0
-			e.inFlight++
-			e.gen++
+			ops, es = append(ops, e.giveBack(e.avail)), append(es, e)
+		case e.avail > e.estimate() && now.Before(e.validTill) && e.pooled(now):
+			// What this instance holds beyond a stream goes back to the
+			// pool, for the checks short of one elsewhere.
+			ops, es = append(ops, e.giveBack(e.avail-e.estimate())), append(es, e)
 		case all:
 		case idle:
 			if e.inFlight == 0 && e.owed() == 0 && len(e.flights) == 0 && e.waiting == 0 {
@@ -331,6 +207,28 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 	}
 	s.m.setCounters(len(s.entries))
 	return ops, es
+}
+
+// noteEnd keeps the earliest end of a window held (the next window's
+// draws leave then). Called with mu held.
+func (s *Store) noteEnd(e *entry, now time.Time) {
+	if next := e.resetAt.Add(afterEnd); next.After(now) && (s.nextEnd.IsZero() || next.Before(s.nextEnd)) {
+		s.nextEnd = next
+	}
+}
+
+// giveBack returns the op giving back k of the hits e holds, marked in
+// flight; all of them, the grant is replaced (what was used of it can no
+// longer be refunded to it). Called with mu held.
+func (e *entry) giveBack(k uint64) limit.GrantOp {
+	op := limit.GrantOp{Check: e.check.WithHits(k), GiveBack: true, WindowEndUS: e.windowEnd}
+	e.avail -= k
+	if e.avail == 0 {
+		e.used = 0
+		e.gen++
+	}
+	e.inFlight++
+	return op
 }
 
 // age brings e to now before a pass: its demand measured, its flights
@@ -361,6 +259,9 @@ func (s *Store) settleOps(e *entry, all bool) []limit.GrantOp {
 	var ops []limit.GrantOp
 	for {
 		if e.settling == nil && len(e.debts) > 0 {
+			if !all && s.repayable(e, s.now()) {
+				return ops
+			}
 			e.seq++
 			d := e.debts[0]
 			d.seq = e.seq
@@ -378,6 +279,23 @@ func (s *Store) settleOps(e *entry, all bool) []limit.GrantOp {
 		e.settling = nil // every debt goes in this call
 	}
 }
+
+// repayable reports that e's oldest debt not yet sent is of the window
+// in force, owed less than repayWithin refreshes ago and more than two
+// leads from the window's end: it is paid here from the hits held as
+// they come back (what streams charged below their holds) or are drawn
+// (counted at the home when granted), not settled there on top of what
+// was granted. A debt not paid by then is settled, so that the home's
+// count trails the charges by at most that. Called with mu held.
+func (s *Store) repayable(e *entry, now time.Time) bool {
+	d := e.debts[0]
+	return d.end != 0 && d.end == e.windowEnd && now.Sub(d.at) < repayWithin*s.opts.Refresh &&
+		now.Before(e.resetAt.Add(-2*(s.opts.Refresh+s.rtt)))
+}
+
+// repayWithin is how many refreshes a debt waits to be paid here before
+// it is settled at the home.
+const repayWithin = 4
 
 // idleAfter is how long a counter goes unasked before what is held goes
 // back and the store forgets it: long enough that a counter asked about
@@ -410,11 +328,19 @@ func (s *Store) drawSize(e *entry, now time.Time, lead time.Duration) uint64 {
 	want = max(want, e.Asked, e.waiting, 1) // a new counter: what it was asked so far
 	// A budget check holds a stream's estimate whole: hold two, so that
 	// the next check finds one while the draw for more is on its way.
-	want = max(want, 2*e.estimate())
+	want = max(want, 2*e.estimate()) + e.owedNow()
 	if now.Before(e.validTill) && e.avail >= want {
 		return 0
 	}
 	target := max(uint64(math.Ceil(e.Rate*span.Seconds())), want)
+	if e.pooled(now) {
+		// A stream at a time, for the checks that wait on it.
+		want = max(e.waiting, e.estimate()) + e.owedNow()
+		if now.Before(e.validTill) && e.avail >= want {
+			return 0
+		}
+		target = want
+	}
 	n := target - min(e.avail, target)
 	if cap := e.remaining / fairShare; n > cap {
 		// Requests waiting for hits are demand in hand, not a hoard:
@@ -458,10 +384,13 @@ func (s *Store) granted(e *entry, asked uint64, r limit.GrantResult, start time.
 	// this clock.
 	e.validTill = start.Add(reset - margin)
 	e.avail += r.Hits
+	s.m.hits("charged", e.repay())
 	e.remaining = r.Remaining
 	e.resetAt = start.Add(reset)
 	if r.Remaining == 0 {
 		e.dryUntil = e.resetAt
+	} else {
+		e.dryUntil = time.Time{} // given back by others since
 	}
 }
 

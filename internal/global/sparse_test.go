@@ -151,7 +151,9 @@ func TestLateDemandDrawnAtOnce(t *testing.T) {
 	w := newWorldWith(t, 1, 1, func(int) time.Duration { return rtt }, 0, global.Options{ColdMargin: 3 * time.Second, HomeTimeout: 5 * time.Second},
 		func(o *redisstore.Options) { o.Timeout = 5 * time.Second })
 	g := w.regions[0].instances[0]
-	time.Sleep(3 * rtt) // the store readies its connections to the home
+	// The store readies its connections to the home: one (a dial, a
+	// handshake, the script), then the others at once.
+	time.Sleep(5 * rtt)
 	c := limit.Check{Key: "tenant:late", Limit: 100, WindowUS: 3600e6, Hits: 1, Global: true}
 	var wg sync.WaitGroup
 	var mu sync.Mutex

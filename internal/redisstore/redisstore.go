@@ -273,17 +273,21 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Warm readies n connections at once for grants (the grant script
-// loaded on one, a PING on each other, the handshake with each), so that
+// Warm readies n connections for grants (the grant script loaded on
+// one, then a PING at once on each other, the handshake with each), so that
 // up to n grant calls made together later find a connection and the
 // script ready: to a Redis far away, a call that must dial and handshake
 // first, or load the script, takes two or three round trips instead of
 // one. On Cluster, on every master.
 func (s *Store) Warm(ctx context.Context, n int) error {
 	ping := func(c redis.UniversalClient) error {
-		errs := make([]error, max(n, 1))
+		// One first: a Redis that does not answer is not dialled n
+		// times more.
+		if err := s.grantScript.Load(ctx, c).Err(); err != nil {
+			return err
+		}
+		errs := make([]error, n)
 		var wg sync.WaitGroup
-		wg.Go(func() { errs[0] = s.grantScript.Load(ctx, c).Err() })
 		for i := 1; i < n; i++ {
 			wg.Go(func() { errs[i] = c.Ping(ctx).Err() })
 		}
