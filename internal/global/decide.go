@@ -6,7 +6,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/lease"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 )
 
@@ -464,23 +463,6 @@ func (s *Store) putBack(p *plan) {
 		}
 	}
 	p.res = nil
-}
-
-// entry returns c's counter's entry, made on first use; nil when the
-// store holds too many. Called with mu held.
-func (s *Store) entry(c *limit.Check, now time.Time) *entry {
-	e := s.entries[c.Key]
-	if e == nil {
-		if len(s.entries) >= maxEntries {
-			return nil
-		}
-		e = &entry{check: *c, Meter: lease.Meter{From: now}, remaining: c.Limit}
-		e.check.Hits, e.check.Refund, e.check.Global = 0, false, false
-		s.entries[c.Key] = e
-		s.kick()
-	}
-	e.lastUse = now
-	return e
 }
 
 // answer is a global check's result decided here: the best known

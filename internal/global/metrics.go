@@ -35,7 +35,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.Counters = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "ratelimitd_global_counters",
-		Help: "Global counters this instance holds state of (grants, demand, debts, flights); one unasked for 5 s is given back and forgotten.",
+		Help: "Global counters this instance holds state of (grants, demand, debts, flights), at most 100,000; one unasked for 5 s is given back and forgotten, and, the store full, one unasked for 1 s is forgotten for a new one (what it holds counted lost).",
 	})
 	reg.MustRegister(m.Requests, m.Grants, m.Hits, m.HomeOut, m.Counters)
 	return m

@@ -1,6 +1,7 @@
 package global
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -118,5 +119,30 @@ func TestLowBudgetPooled(t *testing.T) {
 		if op.GiveBack {
 			t.Errorf("5,000 held with 9,000 left at the home: gives back %d, want it kept", op.Check.Hits)
 		}
+	}
+}
+
+// TestFullStoreForgetsIdleCounters: a store holding maxEntries counters
+// makes room for a new key by forgetting one unasked for evictAfter (its
+// hits dropped: the bound holds), and refuses the new key only while
+// every counter it looks at was asked since or has something under way.
+func TestFullStoreForgetsIdleCounters(t *testing.T) {
+	now := time.Now()
+	s, _ := budgetEntry(now, 0, 0)
+	fill := func(lastUse time.Time) {
+		clear(s.entries)
+		for i := range maxEntries {
+			c := limit.Check{Key: fmt.Sprint("k", i), Limit: 100, WindowUS: 60e6}
+			s.entries[c.Key] = &entry{check: c, avail: 1, lastUse: lastUse}
+		}
+	}
+	fresh := limit.Check{Key: "new", Limit: 100, WindowUS: 60e6, Hits: 1, Global: true}
+	fill(now.Add(-2 * evictAfter))
+	if e := s.entry(&fresh, now); e == nil || len(s.entries) != maxEntries {
+		t.Errorf("a new key, the store full of counters unasked for %v: entry %v, %d counters; want one forgotten for it", 2*evictAfter, e, len(s.entries))
+	}
+	fill(now)
+	if e := s.entry(&fresh, now); e != nil || len(s.entries) != maxEntries {
+		t.Errorf("a new key, the store full of counters asked just now: entry %v, %d counters; want it refused, none forgotten", e, len(s.entries))
 	}
 }
