@@ -452,6 +452,8 @@ muts = [
     ("430 a debt left unsettled as long as the window runs","internal/global/refill.go","now.Sub(d.at) < repayWithin*s.opts.Refresh &&","","./internal/global","TestDebtsSettledSoonAnyway"),
     ("431 a low budget's holds kept, not pooled","internal/global/refill.go","case e.avail > e.estimate() && now.Before(e.validTill) && e.pooled(now):","case false && e.avail > e.estimate() && now.Before(e.validTill) && e.pooled(now):","./internal/global","TestLowBudgetPooled"),
     ("432 a budget read dry stays dry when hits come back","internal/global/refill.go","\t} else {\n\t\te.dryUntil = time.Time{}","\t} else if false {\n\t\te.dryUntil = time.Time{}","./internal/global","TestLowBudgetPooled"),
+    ("433 a full store refuses new keys, forgetting none","internal/global/entries.go","if len(s.entries) >= maxEntries && !s.evict(now) {","if len(s.entries) >= maxEntries {","./internal/global","TestFullStoreForgetsIdleCounters"),
+    ("434 a full store forgets counters just asked","internal/global/entries.go","e.owed() == 0 && now.Sub(e.lastUse) > evictAfter {","e.owed() == 0 {","./internal/global","TestFullStoreForgetsIdleCounters"),
 ]
 only = sys.argv[1:]
 missed = 0

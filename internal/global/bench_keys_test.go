@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -73,6 +74,11 @@ func BenchmarkDistinctKeys(b *testing.B) {
 		fmt.Printf("%d distinct keys, %d callers, in %.0f s (%.0f keys/s): %d refused; counters held at most %d; calls to the home %.0f/s; heap +%d MiB; lost %.0f hits\n",
 			*benchKeys, *benchCallers, took.Seconds(), float64(*benchKeys)/took.Seconds(), refused.Load(), most.Load(), calls,
 			(int64(ms.HeapAlloc)-int64(heap0))>>20, testutil.ToFloat64(m.Hits.WithLabelValues("lost")))
+		var hows []string
+		for _, how := range []string{"local", "waited", "waited_out", "short"} {
+			hows = append(hows, fmt.Sprintf("%s %.0f", how, testutil.ToFloat64(m.Requests.WithLabelValues(how))))
+		}
+		fmt.Printf("  decided: %s; hits given back %.0f\n", strings.Join(hows, ", "), testutil.ToFloat64(m.Hits.WithLabelValues("given_back")))
 		time.Sleep(7 * time.Second)
 		fmt.Printf("7 s later: counters held %d\n", g.Counters())
 		w.close()
