@@ -375,7 +375,7 @@ func (e *entry) owe(end int64, hits uint64, now time.Time) {
 func (e *entry) repay() uint64 {
 	var paid uint64
 	for i := range e.debts {
-		if d := &e.debts[i]; d.end == e.windowEnd && d.end != 0 {
+		if d := &e.debts[i]; e.inForce(d) {
 			k := min(e.avail, d.hits)
 			e.avail -= k
 			d.hits -= k
@@ -389,12 +389,18 @@ func (e *entry) repay() uint64 {
 // owedNow is the debts of the window in force not yet sent to the home.
 func (e *entry) owedNow() uint64 {
 	var n uint64
-	for _, d := range e.debts {
-		if d.end == e.windowEnd && d.end != 0 {
+	for i := range e.debts {
+		if d := &e.debts[i]; e.inForce(d) {
 			n += d.hits
 		}
 	}
 	return n
+}
+
+// inForce reports that d is a debt of the window in force, as last
+// heard from the home.
+func (e *entry) inForce(d *debt) bool {
+	return d.end != 0 && d.end == e.windowEnd
 }
 
 // owed is what is owed to the home, settling or not.

@@ -64,7 +64,6 @@ func (s *Store) send(ops []limit.GrantOp, es []*entry, all bool) {
 	start := s.now()
 	out, err := s.home.GrantWithin(ctx, ops)
 	cancel()
-
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.homeAnswered(err, start)
@@ -288,8 +287,8 @@ func (s *Store) settleOps(e *entry, all bool) []limit.GrantOp {
 // was granted. A debt not paid by then is settled, so that the home's
 // count trails the charges by at most that. Called with mu held.
 func (s *Store) repayable(e *entry, now time.Time) bool {
-	d := e.debts[0]
-	return d.end != 0 && d.end == e.windowEnd && now.Sub(d.at) < repayWithin*s.opts.Refresh &&
+	d := &e.debts[0]
+	return e.inForce(d) && now.Sub(d.at) < repayWithin*s.opts.Refresh &&
 		now.Before(e.resetAt.Add(-2*(s.opts.Refresh+s.rtt)))
 }
 
@@ -324,22 +323,26 @@ func (s *Store) drawSize(e *entry, now time.Time, lead time.Duration) uint64 {
 	} else {
 		e.remaining = e.check.Limit // a new window: what it holds is not known yet
 	}
-	want := uint64(math.Ceil(e.Rate * min(lead, span).Seconds()))
-	want = max(want, e.Asked, e.waiting, 1) // a new counter: what it was asked so far
-	// A budget check holds a stream's estimate whole: hold two, so that
-	// the next check finds one while the draw for more is on its way.
-	want = max(want, 2*e.estimate()) + e.owedNow()
+	pooled := e.pooled(now)
+	var want uint64
+	if pooled {
+		// A stream at a time, for the checks that wait on it.
+		want = max(e.waiting, e.estimate())
+	} else {
+		want = uint64(math.Ceil(e.Rate * min(lead, span).Seconds()))
+		want = max(want, e.Asked, e.waiting, 1) // a new counter: what it was asked so far
+		// A budget check holds a stream's estimate whole: hold two, so
+		// that the next check finds one while the draw for more is on
+		// its way.
+		want = max(want, 2*e.estimate())
+	}
+	want += e.owedNow()
 	if now.Before(e.validTill) && e.avail >= want {
 		return 0
 	}
-	target := max(uint64(math.Ceil(e.Rate*span.Seconds())), want)
-	if e.pooled(now) {
-		// A stream at a time, for the checks that wait on it.
-		want = max(e.waiting, e.estimate()) + e.owedNow()
-		if now.Before(e.validTill) && e.avail >= want {
-			return 0
-		}
-		target = want
+	target := want
+	if !pooled {
+		target = max(uint64(math.Ceil(e.Rate*span.Seconds())), want)
 	}
 	n := target - min(e.avail, target)
 	if cap := e.remaining / fairShare; n > cap {

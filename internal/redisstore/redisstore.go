@@ -280,7 +280,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // first, or load the script, takes two or three round trips instead of
 // one. On Cluster, on every master.
 func (s *Store) Warm(ctx context.Context, n int) error {
-	ping := func(c redis.UniversalClient) error {
+	ready := func(c redis.UniversalClient) error {
 		// One first: a Redis that does not answer is not dialled n
 		// times more.
 		if err := s.grantScript.Load(ctx, c).Err(); err != nil {
@@ -295,9 +295,9 @@ func (s *Store) Warm(ctx context.Context, n int) error {
 		return errors.Join(errs...)
 	}
 	if s.cluster != nil {
-		return s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return ping(c) })
+		return s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return ready(c) })
 	}
-	return ping(s.client)
+	return ready(s.client)
 }
 
 // probe pings and loads the script (on every master on Cluster).
