@@ -2,15 +2,28 @@ package global_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/ratelimitd/ratelimitd/internal/global"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+)
+
+var (
+	budgetModes = flag.String("budget.modes", "global,one Redis for the world,one per region",
+		"BenchmarkGlobalBudget: the budgets compared, comma-separated")
+	budgetOffered = flag.String("budget.offered", "1,3", "BenchmarkGlobalBudget: the spends offered, in budgets a window, comma-separated")
 )
 
 // BenchmarkGlobalBudget: a token budget spent by streams in three regions
@@ -21,14 +34,23 @@ import (
 // the world (every call 150 ms away: the spend's ideal); and with a
 // budget per region (each region's own Redis, as without the feature).
 // One run: go test -run XXX -bench GlobalBudget -benchtime 1x
-// ./internal/global/ (about five minutes).
+// ./internal/global/ (about five minutes); -args -budget.modes=global
+// -regions.windows=8 for the global budget alone over more windows.
 func BenchmarkGlobalBudget(b *testing.B) {
 	for range b.N {
 		win, budget := *benchWindow, *benchLimit*200
 		fmt.Printf("| offered | budget | windows | most spent | least spent | streams refused |\n| --- | --- | --- | --- | --- | --- |\n")
-		for _, mult := range []float64{1, 3} {
-			for _, mode := range []string{"global", "one Redis for the world", "one per region"} {
-				w := newBenchWorld(b, global.Options{})
+		for o := range strings.SplitSeq(*budgetOffered, ",") {
+			mult, err := strconv.ParseFloat(o, 64)
+			if err != nil {
+				b.Fatalf("-budget.offered: %v", err)
+			}
+			for mode := range strings.SplitSeq(*budgetModes, ",") {
+				if !slices.Contains([]string{"global", "one Redis for the world", "one per region"}, mode) {
+					b.Fatalf("-budget.modes: unknown %q", mode)
+				}
+				m := global.NewMetrics(prometheus.NewRegistry())
+				w := newBenchWorld(b, global.Options{Metrics: m})
 				glob := mode == "global"
 				c := limit.Check{Key: fmt.Sprintf("budget:%v:%v", mult, mode), Limit: budget, WindowUS: win.Microseconds(), Global: glob, Usage: true, FlightS: 300}
 				// Streams a second over all instances: mult budgets a
@@ -57,6 +79,11 @@ func BenchmarkGlobalBudget(b *testing.B) {
 				wg.Wait()
 				most, least, refused, n := sp.stats(from, budget)
 				fmt.Printf("| %v× | %s | %d | %.3f | %.3f | %.1f %% |\n", mult, mode, n, most, least, 100*refused)
+				if glob && testing.Verbose() {
+					for _, what := range []string{"granted", "given_back", "lost", "charged", "settled", "expired", "unanswered"} {
+						fmt.Printf("hits %s: %.0f\n", what, testutil.ToFloat64(m.Hits.WithLabelValues(what)))
+					}
+				}
 				w.close()
 			}
 		}
@@ -108,6 +135,9 @@ func (s *spend) stats(from int64, budget uint64) (most, least, refused float64, 
 	for w := from; w < last; w++ {
 		n++
 		f := float64(s.tokens[w]) / float64(budget)
+		if testing.Verbose() {
+			fmt.Printf("window %d: %.3f of the budget spent, %d of %d streams refused\n", w-from, f, s.refusals[w], s.asked[w])
+		}
 		most, least = max(most, f), min(least, f)
 		asked += s.asked[w]
 		ref += s.refusals[w]

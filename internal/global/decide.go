@@ -155,7 +155,7 @@ func (s *Store) fly(p *plan) {
 	defer s.mu.Unlock()
 	for _, r := range p.res {
 		if r.flight && r.e.gen == r.gen {
-			r.e.flights = append(r.e.flights, flight{at: p.now, hits: r.hits, gen: r.gen})
+			r.e.flights = append(r.e.flights, flight{at: p.now, hits: r.hits, gen: r.gen, end: r.e.windowEnd})
 		}
 	}
 }
@@ -246,7 +246,7 @@ func (s *Store) beyondHeld(p *plan, i int, c *limit.Check, e *entry) {
 		// Not known spent at the home, nor by what is owed to it:
 		// wait for a draw, and decide it again (a shadow or quota-mode
 		// check too: its verdict counts).
-		p.cold = append(p.cold, coldCheck{e: e, hits: max(c.SaturatedHits(), e.estimate(), 1)})
+		p.cold = append(p.cold, coldCheck{e: e, hits: max(c.SaturatedHits(), e.hold(), 1)})
 		return
 	}
 	s.m.request("short")
@@ -347,12 +347,14 @@ func (s *Store) shareCheck(c *limit.Check) limit.Check {
 // which add up to at most the budget; with no stream in flight here, it
 // is admitted while the budget has something left, holding what it
 // can. Before any charge, it is admitted while this instance holds
-// hits, or the home, last heard at most a refresh ago, had some left
+// hits, or the home, once heard (never heard, it waits for a read), had some left
 // beyond the charges not yet settled there (while the home is out: while
-// it holds some). Called with mu held.
+// it holds some), and, stating no hits, while fewer than
+// limit.ColdInFlight such checks are in flight here (each ends at a
+// charge, or after limit.ColdFlightMS). Called with mu held.
 func (s *Store) budgetCheck(p *plan, i int, c *limit.Check, e *entry, valid bool) {
 	e.usage = true
-	est, cost := e.estimate(), c.SaturatedHits() // cost: a request phase's stated 1
+	est, cost := e.hold(), c.SaturatedHits() // cost: a request phase's stated 1
 	e.Asked += est + cost
 	var held uint64
 	if valid {
@@ -362,11 +364,19 @@ func (s *Store) budgetCheck(p *plan, i int, c *limit.Check, e *entry, valid bool
 		held = e.avail
 	}
 	room := held
-	if !s.out {
+	if !s.out && !e.heard.IsZero() {
+		// Never heard, what the home has left is not known: the check
+		// waits for a read (beyondHeld), not admitted on a guess.
 		room += e.left(p.now)
 	}
 	switch {
-	case est == 0 && room > 0:
+	case est == 0 && room > 0 && (cost > 0 || e.charges > 0):
+	case est == 0 && room > 0 && len(e.flights) < limit.ColdInFlight:
+		// No charge has taught what a stream spends: at most
+		// limit.ColdInFlight streams in flight here, holding nothing (a
+		// region's budget counts each as a quarter of its limit), else
+		// a new budget's first second admits every stream offered.
+		p.res = append(p.res, reservation{e: e, gen: e.gen, flight: true})
 	case est > 0 && held >= cost && (held >= est+cost || len(e.flights) == 0 && room > cost):
 		// The estimate held whole; or, no stream in flight here, what
 		// is held of it: the budget's last stream, as a region's budget

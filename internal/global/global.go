@@ -18,8 +18,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
-	"math"
-	"slices"
 	"sync"
 	"time"
 
@@ -290,129 +288,8 @@ type entry struct {
 	// (charges counts them, up to that).
 	flights  []flight
 	perCheck float64
+	varCheck float64
 	charges  float64
-}
-
-// flight is a budget check admitted at at, holding hits of the grant of
-// generation gen.
-type flight struct {
-	at   time.Time
-	hits uint64
-	gen  uint64
-}
-
-// estimate is what a budget check holds of the grant while its stream
-// runs: a stream's charge as seen here, never more than an eighth of the
-// limit (a draw takes at most a quarter of what remains: a larger
-// estimate could never be held). Zero until a charge is seen.
-func (e *entry) estimate() uint64 {
-	return min(uint64(math.Ceil(e.perCheck)), max(1, e.check.Limit/8))
-}
-
-// pooledStreams is when a budget's rest is pooled at the home: once it
-// covers fewer streams than this (at the estimate), each instance holds
-// at most one stream's beyond its flights, and a check short of one
-// waits for a draw of it, so that the last of a window is spent by
-// whichever instance has the streams, not stranded in another's holds.
-const pooledStreams = 8
-
-// pooled reports that e is a budget whose rest, as last heard, is
-// pooled at the home (pooledStreams).
-func (e *entry) pooled(now time.Time) bool {
-	est := e.estimate()
-	return e.usage && est > 0 && e.left(now) < pooledStreams*est
-}
-
-// land ends the oldest flight at a charge of hits: what it held goes
-// back to the grant (the charge is paid from it), and the charge teaches
-// the usage per check. It returns what the flight held (0: none here).
-func (e *entry) land(hits uint64, valid bool) uint64 {
-	e.charges = min(e.charges+1, limit.AvgCharges)
-	e.perCheck += (float64(hits) - e.perCheck) / e.charges
-	if len(e.flights) == 0 {
-		return 0
-	}
-	f := e.flights[0]
-	e.flights = e.flights[1:]
-	if f.gen != e.gen || !valid {
-		return 0
-	}
-	e.avail += f.hits
-	return f.hits
-}
-
-// expireFlights ends the flights older than timeout: their streams never
-// charged (cancelled, or ended at another instance). Called with mu held.
-func (e *entry) expireFlights(now time.Time, timeout time.Duration) {
-	for len(e.flights) > 0 && now.Sub(e.flights[0].at) > timeout {
-		if f := e.flights[0]; f.gen == e.gen && now.Before(e.validTill) {
-			e.avail += f.hits
-		}
-		e.flights = e.flights[1:]
-	}
-}
-
-// debt is usage charged beyond what was held, owed to the home: hits of
-// the window ending at end on the home's clock (0: not known yet).
-type debt struct {
-	end  int64
-	hits uint64
-	seq  uint64
-	at   time.Time // when it was first owed
-}
-
-// owe adds hits charged in the window ending at end to what is owed.
-func (e *entry) owe(end int64, hits uint64, now time.Time) {
-	if n := len(e.debts); n > 0 && e.debts[n-1].end == end {
-		e.debts[n-1].hits += hits
-		return
-	}
-	e.debts = append(e.debts, debt{end: end, hits: hits, at: now})
-}
-
-// repay pays the debts of the window in force not yet sent to the home
-// from what is held, and returns what it paid. Called with mu held.
-func (e *entry) repay() uint64 {
-	var paid uint64
-	for i := range e.debts {
-		if d := &e.debts[i]; e.inForce(d) {
-			k := min(e.avail, d.hits)
-			e.avail -= k
-			d.hits -= k
-			paid += k
-		}
-	}
-	e.debts = slices.DeleteFunc(e.debts, func(d debt) bool { return d.hits == 0 })
-	return paid
-}
-
-// owedNow is the debts of the window in force not yet sent to the home.
-func (e *entry) owedNow() uint64 {
-	var n uint64
-	for i := range e.debts {
-		if d := &e.debts[i]; e.inForce(d) {
-			n += d.hits
-		}
-	}
-	return n
-}
-
-// inForce reports that d is a debt of the window in force, as last
-// heard from the home.
-func (e *entry) inForce(d *debt) bool {
-	return d.end != 0 && d.end == e.windowEnd
-}
-
-// owed is what is owed to the home, settling or not.
-func (e *entry) owed() uint64 {
-	var n uint64
-	for _, d := range e.debts {
-		n += d.hits
-	}
-	if e.settling != nil {
-		n += e.settling.hits
-	}
-	return n
 }
 
 // left is what the home counter had left when last heard (its limit

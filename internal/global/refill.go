@@ -183,10 +183,10 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 		switch {
 		case e.avail > 0 && (all || idle):
 			ops, es = append(ops, e.giveBack(e.avail)), append(es, e)
-		case e.avail > e.estimate() && now.Before(e.validTill) && e.pooled(now):
+		case e.avail > e.hold() && now.Before(e.validTill) && e.pooled(now):
 			// What this instance holds beyond a stream goes back to the
 			// pool, for the checks short of one elsewhere.
-			ops, es = append(ops, e.giveBack(e.avail-e.estimate())), append(es, e)
+			ops, es = append(ops, e.giveBack(e.avail-e.hold())), append(es, e)
 		case all:
 		case idle:
 			if e.inFlight == 0 && e.owed() == 0 && len(e.flights) == 0 && e.waiting == 0 {
@@ -327,16 +327,16 @@ func (s *Store) drawSize(e *entry, now time.Time, lead time.Duration) uint64 {
 	var want uint64
 	if pooled {
 		// A stream at a time, for the checks that wait on it.
-		want = max(e.waiting, e.estimate())
+		want = max(e.waiting, e.hold())
 	} else {
 		want = uint64(math.Ceil(e.Rate * min(lead, span).Seconds()))
 		want = max(want, e.Asked, e.waiting, 1) // a new counter: what it was asked so far
-		// A budget check holds a stream's estimate whole: hold two, so
+		// A budget check holds a stream's hold whole: hold two, so
 		// that the next check finds one while the draw for more is on
 		// its way.
-		want = max(want, 2*e.estimate())
+		want = max(want, 2*e.hold())
 	}
-	want += e.owedNow()
+	want += e.owedNow() + e.carrying(now)
 	if now.Before(e.validTill) && e.avail >= want {
 		return 0
 	}
@@ -388,6 +388,7 @@ func (s *Store) granted(e *entry, asked uint64, r limit.GrantResult, start time.
 	e.validTill = start.Add(reset - margin)
 	e.avail += r.Hits
 	s.m.hits("charged", e.repay())
+	e.carry()
 	e.remaining = r.Remaining
 	e.resetAt = start.Add(reset)
 	if r.Remaining == 0 {

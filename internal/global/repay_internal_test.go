@@ -146,3 +146,100 @@ func TestFullStoreForgetsIdleCounters(t *testing.T) {
 		t.Errorf("a new key, the store full of counters asked just now: entry %v, %d counters; want it refused, none forgotten", e, len(s.entries))
 	}
 }
+
+// TestStreamsCarriedIntoTheNextWindow: streams admitted late in a window
+// charge in the next, so the next window's first draw asks for what they
+// held and holds it again from its hits; a check of the new window is
+// admitted only on what is left (a budget at 3× offered spent 1.04-1.05×
+// its budget in a window without it).
+func TestStreamsCarriedIntoTheNextWindow(t *testing.T) {
+	now := time.Now()
+	s, e := budgetEntry(now, 0, 10_000)
+	e.check.Limit = 100_000 // a draw's fair share (a quarter of it) is no bound here
+	e.flights = []flight{{at: now, hits: 1000, gen: e.gen, end: e.windowEnd}, {at: now, hits: 1000, gen: e.gen, end: e.windowEnd}}
+	// The window ends: its hits are void; the two streams still run.
+	later := e.resetAt.Add(10 * time.Millisecond)
+	s.now = func() time.Time { return later }
+	if got := e.carrying(later); got != 2000 {
+		t.Fatalf("two streams of 1,000 running past their window's end: carrying %d, want 2000", got)
+	}
+	n := s.drawSize(e, later, s.opts.Refresh)
+	if n < 2000+2*e.estimate() {
+		t.Errorf("the new window's first draw asks %d, want at least the 2,000 carried and two streams' estimate", n)
+	}
+	// It lands with 2,500: 2,000 hold the streams carried, 500 are left.
+	s.granted(e, n, limit.GrantResult{Hits: 2500, Remaining: 97_500, ResetUS: 3600e6, WindowEndUS: e.windowEnd + 3600e6}, later)
+	if e.avail != 500 || e.carrying(later) != 0 {
+		t.Fatalf("after the draw: held %d, carrying %d; want 500 held, nothing left to carry", e.avail, e.carrying(later))
+	}
+	// A carried stream's charge is paid from what it holds again.
+	if _, owed := s.spend(e, 900, later); owed || e.avail != 600 {
+		t.Errorf("a carried stream charging 900 of its 1,000: owed %v, held %d; want nothing owed, 600 held", owed, e.avail)
+	}
+}
+
+// TestHoldsAboveTheMean: a stream holds its estimate and half the
+// charges' deviation, so that an instance's charges beyond their holds
+// are paid by those below (held at the mean, its debts drift up and are
+// settled past a spent budget); charges all alike hold the mean.
+func TestHoldsAboveTheMean(t *testing.T) {
+	now := time.Now()
+	_, e := budgetEntry(now, 0, 10_000)
+	e.perCheck, e.charges = 0, 0
+	for i := range 200 {
+		e.land(uint64(500+1000*(i%2)), true) // 500, 1,500: mean 1,000, deviation 500
+	}
+	if h := e.hold(); h < 1200 || h > 1300 {
+		t.Errorf("charges of 500 and 1,500: hold %d, want about 1,250", h)
+	}
+	_, e = budgetEntry(now, 0, 10_000)
+	e.perCheck, e.charges = 0, 0
+	for range 50 {
+		e.land(700, true)
+	}
+	if h := e.hold(); h != 700 {
+		t.Errorf("charges all of 700: hold %d, want 700", h)
+	}
+}
+
+// TestColdStreamsBounded: before any charge has taught what a stream
+// spends, at most limit.ColdInFlight streams are in flight at an
+// instance (a region's budget counts each as a quarter of its limit),
+// each for limit.ColdFlightMS at most; a request that costs its hit is
+// not held to it.
+func TestColdStreamsBounded(t *testing.T) {
+	now := time.Now()
+	s, e := budgetEntry(now, 5000, 10_000)
+	e.perCheck, e.charges = 0, 0
+	check := func(c limit.Check) bool {
+		p := plan{now: s.now(), results: make([]limit.Result, 1)}
+		s.budgetCheck(&p, 0, &c, e, true)
+		if !p.refused {
+			s.mu.Unlock() // fly takes mu
+			s.fly(&p)
+			s.mu.Lock()
+		}
+		return !p.refused
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range limit.ColdInFlight {
+		if !check(e.check) {
+			t.Fatalf("stream %d before any charge: refused, want admitted", i+1)
+		}
+	}
+	if check(e.check) {
+		t.Errorf("stream %d before any charge: admitted, want refused", limit.ColdInFlight+1)
+	}
+	cost := e.check
+	cost.Hits, cost.Kind = 1, limit.CostCheck
+	if !check(cost) {
+		t.Errorf("a request costing 1 before any charge: refused, want admitted")
+	}
+	later := now.Add(limit.ColdFlightMS*time.Millisecond + time.Millisecond)
+	s.now = func() time.Time { return later }
+	e.expireFlights(later, flightTimeout(e.check.FlightS))
+	if !check(e.check) {
+		t.Errorf("a stream once the cold streams' %d ms passed: refused, want admitted", limit.ColdFlightMS)
+	}
+}
