@@ -88,6 +88,12 @@ type Check struct {
 	// the check's own flight and teaches the stream's exact duration.
 	// Empty: no pairing.
 	PairID string
+	// MarkKey and MarkOff make a usage charge count once however often it
+	// is sent: a store that keeps marks records the charge only if bit
+	// MarkOff of MarkKey is not set, and sets it (redisstore's charge
+	// journal resends and re-applies charges so). Empty: no mark.
+	MarkKey string
+	MarkOff uint64
 	// Calendar makes a fixed window a calendar period: the UTC month or
 	// year holding now. WindowUS is then the longest such period
 	// (CalendarMonthUS or CalendarYearUS), for keys and TTLs.

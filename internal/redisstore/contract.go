@@ -27,6 +27,7 @@ var scriptConstants = []struct {
 	{"FLAG_USAGE", flagUsage, "a rule that takes usage after the fact"},
 	{"FLAG_BIG", flagBig, "the hits (2^32 or more) are the value at that 1-based place after the keys' values"},
 	{"FLAG_PAIR", flagPair, "the check carries a request id; its pair key is the next after the counter keys"},
+	{"FLAG_MARK", flagMark, "the charge carries a mark: its marks key is the next after the pair keys, its bit the next of the marks' offsets"},
 	{"RULE_ARGS", ruleArgs, "a rule's arguments: limit, window_us, algorithm + CALENDAR_UNIT * calendar + FLIGHT_UNIT * flight seconds, burst"},
 	{"CALENDAR_UNIT", calendarUnit, ""},
 	{"FLIGHT_UNIT", flightUnit, ""},

@@ -53,7 +53,7 @@ func TestScriptContractCurrent(t *testing.T) {
 // hits'; a rule's algorithm below its calendar, its calendar below its
 // flight.
 func TestScriptContractFits(t *testing.T) {
-	if flagBig*2 > kindUnit || 4*kindUnit > flagPair || flagPair*2 > ruleUnit || (maxRules+1)*ruleUnit > 1<<hitsShift {
+	if flagBig*2 > kindUnit || 4*kindUnit > flagPair || flagPair*2 > flagMark || flagMark*2 > ruleUnit || (maxRules+1)*ruleUnit > 1<<hitsShift {
 		t.Errorf("packed fields overlap: flags up to %d, kinds from %d, the pair flag %d, rules from %d, %d rules, hits from 2^%d", flagBig, kindUnit, flagPair, ruleUnit, maxRules, hitsShift)
 	}
 	if int64(limit.CalendarYear)*calendarUnit >= flightUnit || int64(limit.TokenBucket) >= calendarUnit {

@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -94,12 +93,5 @@ func (s *Store) GrantWithin(ctx context.Context, ops []GrantOp) ([]GrantResult, 
 // SettleMarksKey is the key of the settle marks of counter key: in the
 // same Cluster hash slot (its hash tag is key's own, or key whole).
 func SettleMarksKey(key string) string {
-	if open := strings.IndexByte(key, '{'); open >= 0 {
-		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
-			return key + "|settled"
-		}
-	}
-	// Encoded keys escape braces: only a key prefix with a lone '}' ends
-	// this tag early, and on a Cluster home its settles are refused.
-	return "{" + key + "}|settled"
+	return slotKey(key, "|settled")
 }

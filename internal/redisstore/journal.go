@@ -26,33 +26,32 @@ import (
 // before the round began is confirmed and forgotten. The round first
 // reads the master's replication ID (master_replid, which a promoted
 // replica and a restarted master take anew): when it differs from the
-// last round's (a Sentinel failover, a restart), the charges noted
-// before the round began are re-applied to the master there is now,
-// each alone, as usage charges (recorded whatever the answer), unless
-// their window has ended.
+// last round's (a Sentinel failover, a restart), every charge kept is
+// re-applied to the master there is now, each alone, as usage charges
+// (recorded whatever the answer), unless its window has ended.
+//
+// Each charge kept carries a mark (marks.go): a bit beside its counter
+// that the script sets when it records the charge, and finds set when
+// the charge comes again, answering it without counting it. So a charge
+// the new master already has (the replica received it before it was
+// promoted, or it was charged there since) counts once.
 //
 // A charge the store could not take is kept too, and applied when the
 // store answers again (a round that reaches a master), unless its window
 // has ended: one refused before it was sent (the breaker open, the queue
 // full, no connection, its deadline passed in the queue, an error reply
 // such as READONLY during a failover) is applied; one sent that got no
-// answer (a timeout, a connection broken mid-call) is applied if the
-// master has changed since, and otherwise taken as recorded, as the
-// master that received it runs it when it resumes (a stall), and is
-// confirmed as any other. A call whose caller stopped waiting is
-// settled by what its round trip brings: a late answer is a recorded
-// charge.
+// answer (a timeout, a connection broken mid-call, a request the network
+// dropped) is sent again once a master answers, its mark counting it
+// once whether the first call ran or not. A call whose caller stopped
+// waiting is settled by what its round trip brings: a late answer is a
+// recorded charge.
 //
-// What it errs on: a charge recorded on the new master before the first
-// round that sees the change is re-applied too, and so counted twice:
-// at most the charges of one round (JournalEvery) after the failover;
-// so is a charge whose call a dying master ran without answering. A
-// spend cap counted twice errs on the safe side; a lost charge does not.
-// What it cannot see: a charge sent to a master that stays master but
-// never received it (a network partition that drops the request, not a
-// stall) is taken as recorded. Charges the journal cannot keep (full:
-// JournalBytes) are dropped, oldest first, and counted; so are those
-// left when the process stops without reaching Redis (see close).
+// What it cannot see: a charge whose marks key is gone (evicted under
+// maxmemory, or its window and grace past) is counted again if sent
+// again. Charges the journal cannot keep (full: JournalBytes) are
+// dropped, oldest first, and counted; so are those left when the process
+// stops without reaching Redis (see close).
 
 // Defaults of the journal's options.
 const (
@@ -82,7 +81,7 @@ const (
 	JournalReapplied = "reapplied" // the master changed: applied again
 	JournalKept      = "kept"      // the store could not take it, or its outcome is unknown: kept to apply
 	JournalApplied   = "applied"   // a kept charge applied once the store answered
-	JournalAssumed   = "assumed"   // sent, unanswered, and the master the same: taken as recorded
+	JournalResent    = "resent"    // sent and unanswered: sent again (its mark counts it once)
 	JournalExpired   = "expired"   // the master changed after the charge's window ended
 	JournalFailed    = "failed"    // re-applying it failed (Redis down): kept for the next round
 	JournalRefused   = "refused"   // Redis refused it applied again with an error of the script's: dropped
@@ -123,13 +122,15 @@ type journal struct {
 	wake                  chan struct{}
 	full                  lograte.Limiter
 	closed                bool // close has run: what comes after is abandoned
+	// marks make each charge it keeps count once, however often sent.
+	marks *marker
 }
 
 func newJournal(s *Store, limit int) *journal {
 	if limit <= 0 {
 		limit = DefaultJournalBytes
 	}
-	return &journal{s: s, limit: limit, replica: true, wake: make(chan struct{}, 1)}
+	return &journal{s: s, limit: limit, replica: true, wake: make(chan struct{}, 1), marks: newMarker()}
 }
 
 // note keeps the usage charges among checks, which Redis recorded with
@@ -243,7 +244,7 @@ func (s *Store) KeepCharges(checks []limit.Check) bool {
 	if s.journal == nil || !hasJournaled(checks) {
 		return false
 	}
-	s.journal.keep(checks, false)
+	s.journal.keep(s.journal.marks.marked(checks, time.Now()), false)
 	return true
 }
 

@@ -20,9 +20,12 @@ import (
 
 // BenchmarkChargeFailover: streams check a shared budget and charge 1,000
 // to 4,000 tokens 5-25 ms later, through a master, a replica and
-// Sentinel (the project's helpers); after 1 s the replica's link is held
-// (it lags), 1 s later the master is killed (what the replica had not
-// read is gone) and Sentinel promotes the replica; the streams go on
+// Sentinel (the project's helpers); after 1 s the replica lags: its link
+// is held (lag=held: what it has not read is gone when the master dies)
+// or the replica stopped for 2 s (lag=stopped, as DEBUG SLEEP: what the
+// master sent waits in its socket and is applied when it wakes, after
+// the journal saw it unacknowledged); 1 s later the master is killed and
+// Sentinel promotes the replica; the streams go on
 // until the new master has answered for 1 s. It reports the tokens the
 // clients charged (every charge sent and answered, recorded or answered
 // by the failure policy) against the count on the new master once the
@@ -33,22 +36,29 @@ import (
 //
 //	go test -run XXX -bench ChargeFailover -benchtime 1x ./internal/redisstore/
 func BenchmarkChargeFailover(b *testing.B) {
-	for _, streams := range []int{8, 64} {
-		for _, on := range []bool{false, true} {
-			b.Run(fmt.Sprintf("streams=%d/journal=%v", streams, on), func(b *testing.B) {
-				var lost, double, p99, charged float64
-				for range b.N {
-					r := chargeFailover(b, streams, on)
-					lost, double, p99, charged = lost+r.lost, double+r.double, max(p99, r.p99ms), charged+r.charged
-				}
-				n := float64(b.N)
-				b.ReportMetric(charged/n, "tokens_charged")
-				b.ReportMetric(lost/n, "lost_tokens")
-				b.ReportMetric(double/n, "double_tokens")
-				b.ReportMetric(p99, "check_p99_ms")
-			})
+	for _, lag := range []string{"held", "stopped"} {
+		for _, streams := range []int{8, 64} {
+			for _, on := range []bool{false, true} {
+				b.Run(fmt.Sprintf("lag=%s/streams=%d/journal=%v", lag, streams, on), func(b *testing.B) {
+					failoverBench(b, streams, on, lag == "stopped")
+				})
+			}
 		}
 	}
+}
+
+// failoverBench runs chargeFailover b.N times and reports its figures.
+func failoverBench(b *testing.B, streams int, on, stopped bool) {
+	var lost, double, p99, charged float64
+	for range b.N {
+		r := chargeFailover(b, streams, on, stopped)
+		lost, double, p99, charged = lost+r.lost, double+r.double, max(p99, r.p99ms), charged+r.charged
+	}
+	n := float64(b.N)
+	b.ReportMetric(charged/n, "tokens_charged")
+	b.ReportMetric(lost/n, "lost_tokens")
+	b.ReportMetric(double/n, "double_tokens")
+	b.ReportMetric(p99, "check_p99_ms")
 }
 
 type failoverRun struct{ charged, lost, double, p99ms float64 }
@@ -145,9 +155,9 @@ func (bs *budgetStreams) finish(b *testing.B, s *redisstore.Store, m *redisstore
 	} else {
 		run.double = float64(counted - want)
 	}
-	b.Logf("journal %v: clients charged %d tokens, the store counts %d (lost %.3f %%, twice %.3f %%); journal: reapplied %v, kept %v, applied %v, assumed %v, dropped %v; checks before the trouble: %d, p99 %.2f ms",
+	b.Logf("journal %v: clients charged %d tokens, the store counts %d (lost %.3f %%, twice %.3f %%); journal: reapplied %v, kept %v, applied %v, resent %v, dropped %v; checks before the trouble: %d, p99 %.2f ms",
 		on, want, counted, 100*run.lost/float64(want), 100*run.double/float64(want), journalOutcomeF(m, redisstore.JournalReapplied),
-		journalOutcomeF(m, redisstore.JournalKept), journalOutcomeF(m, redisstore.JournalApplied), journalOutcomeF(m, redisstore.JournalAssumed),
+		journalOutcomeF(m, redisstore.JournalKept), journalOutcomeF(m, redisstore.JournalApplied), journalOutcomeF(m, redisstore.JournalResent),
 		journalOutcomeF(m, redisstore.JournalDropped), len(bs.lat), run.p99ms)
 	return run
 }
@@ -156,7 +166,7 @@ func journalOutcomeF(m *redisstore.Metrics, outcome string) float64 {
 	return testutil.ToFloat64(m.JournalCharges.WithLabelValues(outcome))
 }
 
-func chargeFailover(b *testing.B, streams int, on bool) failoverRun {
+func chargeFailover(b *testing.B, streams int, on, stopped bool) failoverRun {
 	st, link := redistest.StartSentinelLinked(b)
 	s, m := failoverStore(b, st.URL(), on)
 	defer s.Close()
@@ -164,7 +174,12 @@ func chargeFailover(b *testing.B, streams int, on bool) failoverRun {
 	bs := runBudgetStreams(s, streams)
 	time.Sleep(time.Second)
 	bs.healthy.Store(false)
-	link.Hold()
+	if stopped {
+		st.Replica.Pause()
+		time.AfterFunc(2*time.Second, st.Replica.Resume)
+	} else {
+		link.Hold()
+	}
 	time.Sleep(time.Second)
 	mi, _ := st.Master.Client().Info(ctx, "replication").Result()
 	ri, _ := st.Replica.Client().Info(ctx, "replication").Result()

@@ -21,8 +21,8 @@ import (
 // round confirms what a replica has, and re-applies what the master
 // lost when it changed. It reads the master's identity first, on the
 // connection it then writes its barrier on: a change is seen before a
-// barrier is waited for, and the charges noted since the round began
-// (upTo) are left to the next round, as the new master's.
+// barrier is waited for. Every charge is marked (marker): re-applied,
+// one the new master already has counts once.
 func (j *journal) round(ctx context.Context) {
 	j.mu.Lock()
 	upTo, pending := j.seq, len(j.entries)
@@ -48,17 +48,13 @@ func (j *journal) roundUpTo(ctx context.Context, upTo uint64, pending int) {
 	changed := j.master != "" && id != j.master
 	j.master = id
 	if changed {
-		k := 0
-		for k < len(j.entries) && j.entries[k].seq <= upTo {
-			k++
-		}
-		j.redo = bySeq(append(j.redo, j.entries[:k]...))
-		j.entries = j.entries[k:]
+		j.redo = bySeq(append(j.redo, j.entries...))
+		j.entries = nil
 	}
-	assumed := j.resolveUnsureLocked(id)
+	resent := j.resolveUnsureLocked()
 	redo := len(j.redo)
 	j.mu.Unlock()
-	j.s.m.ChargeJournal(JournalAssumed, assumed)
+	j.s.m.ChargeJournal(JournalResent, resent)
 	if changed {
 		j.s.log.Warn("redis master changed: re-applying the usage charges no replica had acknowledged", "replid", id, "charges", redo)
 	}
@@ -84,28 +80,14 @@ func (j *journal) roundUpTo(ctx context.Context, upTo uint64, pending int) {
 	}
 }
 
-// resolveUnsureLocked settles the charges sent and not answered, now
-// that the master id answers: those sent to another master (or before
-// any was known) are applied; those sent to this one are taken as
-// recorded, kept as its entries until a replica confirms them. It
-// returns how many it took as recorded.
-func (j *journal) resolveUnsureLocked(id string) int {
-	if len(j.unsure) == 0 {
-		return 0
-	}
-	assumed := 0
-	for _, e := range j.unsure {
-		if e.master == "" || e.master != id {
-			j.redo = append(j.redo, e)
-			continue
-		}
-		e.kept = false
-		j.entries = append(j.entries, e)
-		assumed++
-	}
+// resolveUnsureLocked sends again the charges sent and not answered, now
+// that a master answers: a request the network dropped never reached
+// it, and one it ran is skipped by its mark. It returns how many.
+func (j *journal) resolveUnsureLocked() int {
+	n := len(j.unsure)
+	j.redo = bySeq(append(j.redo, j.unsure...))
 	j.unsure = nil
-	j.entries, j.redo = bySeq(j.entries), bySeq(j.redo)
-	return assumed
+	return n
 }
 
 // bySeq puts entries merged from several lists back in seq order: a
@@ -179,7 +161,7 @@ func (j *journal) noteReplicas(replicas int) {
 	j.mu.Unlock()
 	switch {
 	case had && replicas == 0:
-		j.s.log.Warn("charge journal: the Redis master has no replica: usage charges cannot be confirmed and are not kept; a failover or a restart without persistence loses the window's charges")
+		j.s.log.Warn("charge journal: the Redis master has no replica: the charges it records cannot be confirmed and are not kept once recorded (a restart without persistence loses the window's charges); those it does not take or answer are still kept, and applied once when it answers")
 	case !had && replicas > 0:
 		j.s.log.Info("charge journal: the Redis master has a replica again: usage charges are kept until it acknowledges them", "replicas", replicas)
 	}

@@ -245,7 +245,7 @@ func (s *Store) startJournal(opts Options) {
 	switch {
 	case opts.ChargeJournal || opts.ChargeJournalAuto && s.mode != ModeCluster:
 		s.journal, s.journalStop = newJournal(s, opts.JournalBytes), make(chan struct{})
-		s.log.Info("charge journal on: usage charges are protected: each is kept until a replica acknowledges it and applied again if the master changes first (a Sentinel failover, a restart), and one Redis could not take (down, hung, failing over) is kept and applied when it answers; a charge recorded on a new master before the journal sees the change is counted twice",
+		s.log.Info("charge journal on: usage charges are protected: each is kept until a replica acknowledges it and applied again if the master changes first (a Sentinel failover, a restart), one Redis could not take (down, hung, failing over) is kept and applied when it answers, one unanswered is sent again; each counts once (a mark beside its counter)",
 			"mode", s.mode, "max_bytes", s.journal.limit)
 		s.journalWG.Go(func() { s.journal.run(s.journalStop) })
 	case s.mode == ModeCluster:
@@ -337,6 +337,12 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 // (limit.ErrChargesKept).
 func (s *Store) evaluateExact(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
 	keep := s.journal != nil && hasJournaled(checks)
+	if keep {
+		// Marked, a charge counts once however often the journal sends
+		// it: again when unanswered, re-applied after a failover, and a
+		// kept one applied by a call that went unanswered too.
+		checks = s.journal.marks.marked(checks, time.Now())
+	}
 	res, err := s.decideExact(ctx, checks, keep)
 	if err != nil && keep {
 		err = fmt.Errorf("%w (%w)", err, limit.ErrChargesKept)

@@ -98,7 +98,8 @@ func counterKeys(reqs [][]limit.Check) int {
 // leaves room for 2^13 rules per call; the dispatcher keeps a batch far
 // below that (maxBatchKeys), and a single request beyond it is refused.
 // The pair keys of checks that carry a request id follow the counter
-// keys, in the checks' order.
+// keys, in the checks' order, and the marks keys of charges that carry
+// a mark follow them (their bits' offsets come before the keys' values).
 func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	// ones: one key a request, the common batch: the script is told so
 	// by a negative count of requests, and reads no count per request.
@@ -115,7 +116,8 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	var index map[rule]int
 	perKey := make([]any, 0, nkeys)
 	var big []any
-	var pairs []string
+	var pairs, marks []string
+	var offs []any
 	for _, r := range reqs {
 		for _, c := range r {
 			keys = append(keys, c.Key)
@@ -141,19 +143,14 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 			if q >= maxRules {
 				return nil, nil, fmt.Errorf("redisstore: more than %d distinct limits in one script call", maxRules)
 			}
-			flags := 0
-			if c.Refund {
-				flags |= flagRefund
-			}
-			if c.NoVeto {
-				flags |= flagNoVeto
-			}
-			if c.Usage {
-				flags |= flagUsage + int(c.Kind)*kindUnit
-			}
+			flags := checkFlags(&c)
 			if c.PairID != "" {
 				flags |= flagPair
 				pairs = append(pairs, pairKey(c.Key, c.PairID))
+			}
+			if c.MarkKey != "" {
+				flags |= flagMark
+				marks, offs = append(marks, c.MarkKey), append(offs, c.MarkOff)
 			}
 			hits := c.SaturatedHits()
 			if hits >= bigHits {
@@ -166,7 +163,7 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 			perKey = append(perKey, hits<<hitsShift|uint64((q+1)*ruleUnit+flags))
 		}
 	}
-	args := make([]any, 0, 3+len(reqs)+4*len(rules)+len(perKey))
+	args := make([]any, 0, 5+len(reqs)+4*len(rules)+len(offs)+len(perKey))
 	if ones {
 		args = append(args, s.nowArg(), -len(reqs))
 	} else {
@@ -179,8 +176,25 @@ func (s *Store) scriptArgs(reqs [][]limit.Check) ([]string, []any, error) {
 	for _, ru := range rules {
 		args = append(args, ru.limit, ru.windowUS, int64(ru.algorithm)+calendarUnit*int64(ru.calendar)+flightUnit*ru.flightS, ru.burst)
 	}
-	args = append(args, len(pairs))
-	return append(keys, pairs...), append(append(args, perKey...), big...), nil
+	args = append(args, len(pairs), len(marks))
+	args = append(args, offs...)
+	return append(append(keys, pairs...), marks...), append(append(args, perKey...), big...), nil
+}
+
+// checkFlags are c's refund, shadow and usage flags, its usage kind
+// packed above them.
+func checkFlags(c *limit.Check) int {
+	flags := 0
+	if c.Refund {
+		flags |= flagRefund
+	}
+	if c.NoVeto {
+		flags |= flagNoVeto
+	}
+	if c.Usage {
+		flags |= flagUsage + int(c.Kind)*kindUnit
+	}
+	return flags
 }
 
 // bigHits are hits too large to pack with a key's rule and flags.
@@ -192,14 +206,15 @@ const bigHits = 1 << 32
 // kind*kindUnit; a rule's third argument is algorithm +
 // calendar*calendarUnit + FlightS*flightUnit.
 const (
-	hitsShift    = 20  // HITS_UNIT = 2^20
-	ruleUnit     = 128 // RULE_UNIT
+	hitsShift    = 21  // HITS_UNIT = 2^21
+	ruleUnit     = 256 // RULE_UNIT
 	kindUnit     = 16  // KIND_UNIT
 	flagRefund   = 1   // FLAG_REFUND
 	flagNoVeto   = 2   // FLAG_NO_VETO: shadow
 	flagUsage    = 4   // FLAG_USAGE: a rule that takes usage after the fact
 	flagBig      = 8   // FLAG_BIG: the hits follow the keys' values
 	flagPair     = 64  // FLAG_PAIR: the check carries a request id; its pair key follows the counter keys
+	flagMark     = 128 // FLAG_MARK: the charge carries a mark; its marks key follows the pair keys
 	calendarUnit = 4   // CALENDAR_UNIT
 	flightUnit   = 16  // FLIGHT_UNIT
 )

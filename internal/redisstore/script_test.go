@@ -39,6 +39,9 @@ func TestScriptArgsGolden(t *testing.T) {
 			{Key: "i", Limit: 1000, WindowUS: 3600e6, Hits: 0, Usage: true, Kind: limit.ZeroCharge, FlightS: 300},
 			{Key: "j", Limit: 1000, WindowUS: 3600e6, Hits: 1, Usage: true, Kind: limit.CostCheck, FlightS: 300},
 			{Key: "k", Limit: 1000, WindowUS: 3600e6, Hits: 5, Usage: true, Kind: limit.PlainCharge, FlightS: 300},
+			// A marked charge: its marks key after the pair keys, its
+			// bit before the keys' values.
+			{Key: "l", Limit: 1000, WindowUS: 3600e6, Hits: 7, Usage: true, FlightS: 300, MarkKey: "{l}|charged|i|1", MarkOff: 9},
 		},
 	})
 	// Every request of one key: no count per request, -R instead of R.

@@ -21,6 +21,7 @@ type Link struct {
 	mu    sync.Mutex
 	cond  *sync.Cond
 	held  bool
+	drop  bool
 	cut   bool
 	conns []net.Conn
 }
@@ -70,10 +71,13 @@ func (l *Link) pipe(src, dst net.Conn, fromServer bool) {
 			for fromServer && l.held && !l.cut {
 				l.cond.Wait()
 			}
-			cut := l.cut
+			cut, drop := l.cut, !fromServer && l.drop
 			l.mu.Unlock()
 			if cut {
 				return
+			}
+			if drop {
+				continue
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
@@ -97,6 +101,20 @@ func (l *Link) Release() {
 	l.mu.Lock()
 	l.held = false
 	l.cond.Broadcast()
+	l.mu.Unlock()
+}
+
+// DropRequests discards what clients send, keeping their connections
+// open: a request the network loses, with no error either side sees.
+// PassRequests ends it.
+func (l *Link) DropRequests() { l.setDrop(true) }
+
+// PassRequests passes what clients send again.
+func (l *Link) PassRequests() { l.setDrop(false) }
+
+func (l *Link) setDrop(drop bool) {
+	l.mu.Lock()
+	l.drop = drop
 	l.mu.Unlock()
 }
 

@@ -2,8 +2,8 @@
 -- do not edit. The numbers every script shares with Go, sent in front
 -- of each (before prelude.lua).
 -- a counter key's argument: hits * HITS_UNIT + rule * RULE_UNIT (rule 1-based) + flags
-local HITS_UNIT = 1048576
-local RULE_UNIT = 128
+local HITS_UNIT = 2097152
+local RULE_UNIT = 256
 -- the usage kind (limit.UsageKind) in the flags: kind * KIND_UNIT
 local KIND_UNIT = 16
 -- the flags: a refund (is_negative_hits)
@@ -16,6 +16,8 @@ local FLAG_USAGE = 4
 local FLAG_BIG = 8
 -- the check carries a request id; its pair key is the next after the counter keys
 local FLAG_PAIR = 64
+-- the charge carries a mark: its marks key is the next after the pair keys, its bit the next of the marks' offsets
+local FLAG_MARK = 128
 -- a rule's arguments: limit, window_us, algorithm + CALENDAR_UNIT * calendar + FLIGHT_UNIT * flight seconds, burst
 local RULE_ARGS = 4
 local CALENDAR_UNIT = 4

@@ -16,7 +16,11 @@
 --          FLIGHT_UNIT * the longest a budget check stays in flight, in
 --          seconds (limit.Check.FlightS), burst
 -- then P, the number of pair keys (KEYS after the counter keys: of each
---          check that carries a request id, in order)
+--          check that carries a request id, in order), M, the number of
+--          marks keys (KEYS after the pair keys: of each charge that
+--          carries a mark, in order), and M offsets, each mark's bit in
+--          its marks key: a marked charge is recorded only if its bit is
+--          not set, and sets it (limit.Check.MarkKey)
 -- then per counter key, in order, 1 value: hits * HITS_UNIT + rule *
 --          RULE_UNIT + flags (scripts/contract.lua names each flag, and
 --          KIND_UNIT * the usage kind: BY_HITS, some hits a charge,
@@ -159,15 +163,21 @@ for q = 1, Q do
     cap[q] = burst * ival[q]
   end
 end
-local P = tonumber(ARGV[4 + C + RULE_ARGS * Q])
-local A0 = 5 + C + RULE_ARGS * Q -- the first key's values
-local NK = #KEYS - P -- the counter keys; the pair keys follow
--- pidx[k]: the index in KEYS of counter key k's pair key.
-local pidx = {}
-if P > 0 then
-  local j = NK
+local P, M = tonumber(ARGV[4 + C + RULE_ARGS * Q]), tonumber(ARGV[5 + C + RULE_ARGS * Q])
+local A0 = 6 + C + RULE_ARGS * Q + M -- the first key's values
+local NK = #KEYS - P - M -- the counter keys; the pair keys and marks keys follow
+-- pidx[k]: the index in KEYS of counter key k's pair key; midx[k], of its
+-- marks key, and moff[k] its bit there.
+local pidx, midx, moff = {}, {}, {}
+if P + M > 0 then
+  local j, m = NK, 0
   for k = 1, NK do
-    if tonumber(ARGV[A0 + k - 1]) % HITS_UNIT % RULE_UNIT >= FLAG_PAIR then
+    local f = tonumber(ARGV[A0 + k - 1]) % HITS_UNIT % RULE_UNIT
+    if f >= FLAG_MARK then
+      m, f = m + 1, f - FLAG_MARK
+      midx[k], moff[k] = NK + P + m, tonumber(ARGV[A0 - M + m - 1])
+    end
+    if f >= FLAG_PAIR then
       j = j + 1
       pidx[k] = j
     end

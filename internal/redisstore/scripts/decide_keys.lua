@@ -63,6 +63,7 @@ local function keyarg(k)
   local h = floor(v / HITS_UNIT)
   local rf = v - h * HITS_UNIT
   local q, f = floor(rf / RULE_UNIT), rf % RULE_UNIT
+  if f >= FLAG_MARK then f = f - FLAG_MARK end
   local pair = f >= FLAG_PAIR
   if pair then f = f - FLAG_PAIR end
   local kind = floor(f / KIND_UNIT)
@@ -224,6 +225,31 @@ local function applyfixed(i, q, h, c, consume, pair, pms, pflew, unfly, kind)
   return remaining, reset, fixedval(q, c), ttl[q]
 end
 
+-- marked reports that counter key k carries a mark whose bit is set: a
+-- charge recorded before and sent again, answered, not recorded again.
+local function marked(k)
+  return midx[k] ~= nil and redis.call('GETBIT', KEYS[midx[k]], moff[k]) == 1
+end
+
+-- store writes the request's i-th key, counter key k of rule q: its
+-- value; its mark, set once the charge is written and kept until a
+-- charge of the window can no longer be sent again (the journal drops it
+-- at the window's end); and its pair: the request's first call admitted
+-- keeps when, for its stream end, which forgets it (limit.Decide).
+local function store(i, k, q, val, ex, consume)
+  writekey(k, val, ex, key_raw[i])
+  local mk, pr, rl = midx[k], key_pair[i], key_role[i]
+  if mk then
+    redis.call('SETBIT', KEYS[mk], moff[k], 1)
+    redis.call('PEXPIRE', KEYS[mk], px(now + win[q] + GRACE))
+  end
+  if pr then
+    local flew = nil
+    if consume and rl ~= 2 then flew = rl == 1 end
+    pairwrite(k, q, pr, flew)
+  end
+end
+
 -- settle applies the request's i-th key, counter key k, as the request
 -- was admitted or not, writes it and appends its answer to out.
 local function settle(i, k, admitted)
@@ -235,9 +261,10 @@ local function settle(i, k, admitted)
   local charge = usage and (kind == ZERO_CHARGE or (kind == BY_HITS or kind == PLAIN_CHARGE) and h > 0)
   local pair, pms, pflew = false, 0, false
   if pr then pair, pms, pflew = true, pr[1], pr[2] end
+  local dup = marked(k)
   -- A paired stream end is a charge too (limit.paired).
   -- So is a stream end on a costed budget (limit.endsStream).
-  local consume = (admitted and not o or charge or pms > 0 or rl == 2) and not refund
+  local consume = (admitted and not o or charge or pms > 0 or rl == 2) and not refund and not dup
   local a, remaining, reset, val, ex = alg[q], 0, 0, nil, nil
   if a == TOKEN_BUCKET then
     remaining, reset, val, ex = applybucket(q, h, c, refund, consume)
@@ -249,14 +276,7 @@ local function settle(i, k, admitted)
     local unfly = refund and usage and bs and bs[4] and (bs[2] > 0 and (kind == COST_CHECK or zero and not bs[6]) or bs[2] == 0 and zero and c == 0)
     remaining, reset, val, ex = applyfixed(i, q, h, count(a, c, h, refund, consume), consume, pair, pms, pflew, unfly, usage and not refund and kind)
   end
-  writekey(k, val, ex, key_raw[i])
-  -- The request's first call admitted keeps when, for its stream end,
-  -- which forgets it (limit.Decide).
-  if pr then
-    local flew = nil
-    if consume and rl ~= 2 then flew = rl == 1 end
-    pairwrite(k, q, pr, flew)
-  end
+  if not dup then store(i, k, q, val, ex, consume) end
   local m = #out
   if o then out[m + 1] = 1 else out[m + 1] = 0 end
   out[m + 2], out[m + 3] = remaining, reset
