@@ -464,6 +464,7 @@ muts = [
     ("444 the journal's charges left unmarked","internal/redisstore/redisstore.go","\t\tchecks = s.journal.marks.marked(checks, time.Now())\n","","./internal/redisstore","TestStalledChargesCountedOnce|TestJournalRoundCountsEachChargeOnce|TestKeptChargesMarked"),
     ("445 a master change re-applies only charges noted before the round","internal/redisstore/journal_round.go","\t\tj.redo = bySeq(append(j.redo, j.entries...))\n\t\tj.entries = nil\n","\t\tk := 0\n\t\tfor k < len(j.entries) && j.entries[k].seq <= upTo-1 {\n\t\t\tk++\n\t\t}\n\t\tj.redo = bySeq(append(j.redo, j.entries[:k]...))\n\t\tj.entries = j.entries[k:]\n","./internal/redisstore","TestJournalRoundCountsEachChargeOnce"),
     ("446 a marks key kept forever","internal/redisstore/scripts/decide_keys.lua","    redis.call('PEXPIRE', KEYS[mk], px(now + win[q] + GRACE))\n","","./internal/redisstore","TestMarkedChargesCountOnce"),
+    ("447 a Cluster grant's answers placed by slot, not by op","internal/redisstore/grant.go","\t\t\t\tout[i] = r[k]\n","\t\t\t\tout[i] = r[len(idx)-1-k]\n","./internal/redisstore","TestGrantAcrossClusterSlots"),
 ]
 only = sys.argv[1:]
 missed = 0

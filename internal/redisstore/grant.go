@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -24,7 +25,7 @@ type (
 )
 
 // Grant takes or gives back lease hits, one script call for all ops (one
-// per op on Cluster, where their keys may sit in different slots). It is
+// per hash slot on Cluster, made at once). It is
 // not batched with decisions: grants are few and made ahead of need.
 func (s *Store) Grant(ctx context.Context, ops []GrantOp) ([]GrantResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -39,16 +40,58 @@ func (s *Store) GrantWithin(ctx context.Context, ops []GrantOp) ([]GrantResult, 
 		return nil, nil
 	}
 	if s.cluster != nil && len(ops) > 1 {
-		out := make([]GrantResult, 0, len(ops))
-		for _, op := range ops {
-			r, err := s.GrantWithin(ctx, []GrantOp{op})
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, r...)
-		}
-		return out, nil
+		return s.grantBySlot(ctx, ops)
 	}
+	return s.grantCall(ctx, ops)
+}
+
+// grantSlotCalls bounds the script calls a Cluster grant makes at once.
+const grantSlotCalls = 16
+
+// grantBySlot runs ops on Cluster, where a call's keys share a hash
+// slot: one call per slot, made at once, so that a draw for many
+// counters takes a round trip, not one per counter. Any call failing
+// fails them all, as one call would (what the others did stands, as an
+// unanswered call's may).
+func (s *Store) grantBySlot(ctx context.Context, ops []GrantOp) ([]GrantResult, error) {
+	bySlot := map[int][]int{}
+	for i := range ops {
+		sl := slot(ops[i].Check.Key)
+		bySlot[sl] = append(bySlot[sl], i)
+	}
+	out := make([]GrantResult, len(ops))
+	errs := make(chan error, len(bySlot))
+	sem := make(chan struct{}, grantSlotCalls)
+	var wg sync.WaitGroup
+	for _, idx := range bySlot {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			part := make([]GrantOp, len(idx))
+			for k, i := range idx {
+				part[k] = ops[i]
+			}
+			r, err := s.grantCall(ctx, part)
+			if err != nil {
+				errs <- err
+				return
+			}
+			for k, i := range idx {
+				out[i] = r[k]
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// grantCall runs ops, whose keys share a slot on Cluster, in one script
+// call.
+func (s *Store) grantCall(ctx context.Context, ops []GrantOp) ([]GrantResult, error) {
 	keys := make([]string, 0, len(ops))
 	args := make([]any, 0, 1+grantArgs*len(ops))
 	args = append(args, s.nowArg())

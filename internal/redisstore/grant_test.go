@@ -172,3 +172,36 @@ func TestGrantTreatsForeignValueAsAbsent(t *testing.T) {
 		}
 	}
 }
+
+// TestGrantAcrossClusterSlots: on Cluster, one grant call of ops on
+// counters in many slots (a cold draw for many keys, with settles and
+// give-backs among them) is one script call per slot, each op answered
+// in its place, as one call on one Redis answers them; and two ops of a
+// slot run in that slot's call, in order.
+func TestGrantAcrossClusterSlots(t *testing.T) {
+	_, s := clusterStore(t)
+	ctx := context.Background()
+	var ops []limit.GrantOp
+	for i := range 40 {
+		c := limit.Check{Key: fmt.Sprintf("cold:%d", i), Limit: uint64(10 + i), WindowUS: 3600e6}
+		ops = append(ops, limit.GrantOp{Check: hitsOf(c, 5)})
+	}
+	// Two more ops on cold:3, in its slot's call after its take.
+	c3 := ops[3].Check
+	ops = append(ops, limit.GrantOp{Check: hitsOf(c3, 4)}, limit.GrantOp{Check: hitsOf(c3, 2), Settle: true, Settler: "i", Seq: 1})
+	res, err := s.GrantWithin(ctx, ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		if want := uint64(10 + i - 5); res[i].Hits != 5 || (i != 3 && res[i].Remaining != want) {
+			t.Errorf("op %d: %+v, want 5 taken, %d left", i, res[i], want)
+		}
+	}
+	if r := res[40]; r.Hits != 4 || r.Remaining != 13-9 {
+		t.Errorf("cold:3's second take: %+v, want 4 taken, 4 left", r)
+	}
+	if r := res[41]; r.Hits != 2 || r.Remaining != 13-11 {
+		t.Errorf("cold:3's settle after its takes: %+v, want 2 settled, 2 left", r)
+	}
+}
