@@ -20,17 +20,22 @@ type flight struct {
 	end  int64
 }
 
-// estimate is what a budget check holds of the grant while its stream
-// runs: a stream's charge as seen here, never more than an eighth of the
-// limit (a draw takes at most a quarter of what remains: a larger
-// estimate could never be held). Zero until a charge is seen.
+// estimate is a stream's charge as seen here, never more than maxHold.
+// Zero until a charge is seen.
 func (e *entry) estimate() uint64 {
-	return min(uint64(math.Ceil(e.perCheck)), max(1, e.check.Limit/8))
+	return min(uint64(math.Ceil(e.perCheck)), e.maxHold())
+}
+
+// maxHold is the most a budget check holds: an eighth of the limit (a
+// draw takes at most a quarter of what remains: more could never be
+// held).
+func (e *entry) maxHold() uint64 {
+	return max(1, e.check.Limit/8)
 }
 
 // hold is what a budget check holds while its stream runs: the
 // estimate and half the charges' standard deviation (never more than
-// the estimate's bound). A charge beyond its hold is owed, paid by what
+// maxHold). A charge beyond its hold is owed, paid by what
 // later streams charge below theirs; held at the mean, what comes back
 // below is spent on new streams at once while what goes beyond is owed,
 // so an instance's debts drift up, and once the home has nothing left
@@ -41,7 +46,7 @@ func (e *entry) hold() uint64 {
 	if est == 0 {
 		return 0
 	}
-	return min(est+uint64(math.Sqrt(e.varCheck)/2), max(1, e.check.Limit/8))
+	return min(est+uint64(math.Sqrt(e.varCheck)/2), e.maxHold())
 }
 
 // pooledStreams is when a budget's rest is pooled at the home: once it

@@ -32,6 +32,13 @@ const (
 	evictAfter  = time.Second
 )
 
+// quiet reports that e has nothing under way, waiting, in flight or
+// owed: forgetting it loses no call, request, stream or charge. Called
+// with mu held.
+func (e *entry) quiet() bool {
+	return e.inFlight == 0 && e.waiting == 0 && len(e.flights) == 0 && e.owed() == 0
+}
+
 // evict forgets a counter to make room for a new one, when one of a few
 // taken at random went unasked for evictAfter and has nothing under way,
 // owed or in flight; the hits it holds are dropped (counted lost: they
@@ -43,7 +50,7 @@ func (s *Store) evict(now time.Time) bool {
 		if n++; n > evictSample {
 			return false
 		}
-		if e.inFlight == 0 && !e.queued && e.waiting == 0 && len(e.flights) == 0 && e.owed() == 0 && now.Sub(e.lastUse) > evictAfter {
+		if e.quiet() && !e.queued && now.Sub(e.lastUse) > evictAfter {
 			s.m.hits("lost", e.avail)
 			delete(s.entries, k)
 			return true

@@ -189,7 +189,7 @@ func (s *Store) passOps(now time.Time, all bool) (ops []limit.GrantOp, es []*ent
 			ops, es = append(ops, e.giveBack(e.avail-e.hold())), append(es, e)
 		case all:
 		case idle:
-			if e.inFlight == 0 && e.owed() == 0 && len(e.flights) == 0 && e.waiting == 0 {
+			if e.quiet() {
 				delete(s.entries, k)
 			}
 		default:

@@ -14,14 +14,17 @@ type slotGroup struct {
 	idx  []int
 }
 
-// groupBySlot returns the checks' indexes per hash slot, in slot order.
-func groupBySlot(checks []limit.Check) []slotGroup {
+// groupBySlot returns the indexes of n keys (key(i) the i-th) per hash
+// slot, in slot order.
+func groupBySlot(n int, key func(int) string) []slotGroup {
 	var groups []slotGroup
-	for i, c := range checks {
-		sl := slot(c.Key)
-		g := slices.IndexFunc(groups, func(g slotGroup) bool { return g.slot == sl })
-		if g < 0 {
+	at := map[int]int{} // slot -> its group
+	for i := range n {
+		sl := slot(key(i))
+		g, ok := at[sl]
+		if !ok {
 			g = len(groups)
+			at[sl] = g
 			groups = append(groups, slotGroup{slot: sl})
 		}
 		groups[g].idx = append(groups[g].idx, i)

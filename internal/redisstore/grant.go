@@ -40,7 +40,9 @@ func (s *Store) GrantWithin(ctx context.Context, ops []GrantOp) ([]GrantResult, 
 		return nil, nil
 	}
 	if s.cluster != nil && len(ops) > 1 {
-		return s.grantBySlot(ctx, ops)
+		if groups := groupBySlot(len(ops), func(i int) string { return ops[i].Check.Key }); len(groups) > 1 {
+			return s.grantBySlot(ctx, ops, groups)
+		}
 	}
 	return s.grantCall(ctx, ops)
 }
@@ -53,17 +55,13 @@ const grantSlotCalls = 16
 // counters takes a round trip, not one per counter. Any call failing
 // fails them all, as one call would (what the others did stands, as an
 // unanswered call's may).
-func (s *Store) grantBySlot(ctx context.Context, ops []GrantOp) ([]GrantResult, error) {
-	bySlot := map[int][]int{}
-	for i := range ops {
-		sl := slot(ops[i].Check.Key)
-		bySlot[sl] = append(bySlot[sl], i)
-	}
+func (s *Store) grantBySlot(ctx context.Context, ops []GrantOp, groups []slotGroup) ([]GrantResult, error) {
 	out := make([]GrantResult, len(ops))
-	errs := make(chan error, len(bySlot))
+	errs := make(chan error, len(groups))
 	sem := make(chan struct{}, grantSlotCalls)
 	var wg sync.WaitGroup
-	for _, idx := range bySlot {
+	for _, g := range groups {
+		idx := g.idx
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()

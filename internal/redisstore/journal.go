@@ -101,9 +101,6 @@ type journalEntry struct {
 	// kept: the store did not take it when it came (applied, not
 	// re-applied).
 	kept bool
-	// master is, for a charge sent and not answered, the master the
-	// journal knew then ("": none yet).
-	master string
 }
 
 type journal struct {
@@ -226,7 +223,6 @@ func (j *journal) keep(checks []limit.Check, unanswered bool) {
 		e := j.entryLocked(c, time.UnixMicro(end))
 		e.kept = true
 		if unanswered {
-			e.master = j.master
 			j.unsure = append(j.unsure, e)
 		} else {
 			j.redo = append(j.redo, e)

@@ -220,10 +220,7 @@ func (j *journal) reapply(ctx context.Context) {
 	}
 	j.mu.Lock()
 	j.redo = bySeq(append(keep, j.redo...))
-	for _, e := range unsure {
-		e.master = j.master
-		j.unsure = append(j.unsure, e)
-	}
+	j.unsure = append(j.unsure, unsure...)
 	j.bytes -= freed
 	j.mu.Unlock()
 	for outcome, n := range counts {

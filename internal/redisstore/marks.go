@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"crypto/rand"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,17 +40,18 @@ func newMarker() *marker {
 // marked returns checks with a mark on each journaled charge (a copy: the
 // caller's slice is not written), or checks itself when none is.
 func (m *marker) marked(checks []limit.Check, now time.Time) []limit.Check {
-	var out []limit.Check
+	out, copied := checks, false
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for i := range checks {
 		c := &checks[i]
 		if !journaled(*c) || c.WindowUS <= 0 || c.MarkKey != "" {
 			continue
 		}
-		if out == nil {
-			out = append([]limit.Check(nil), checks...)
+		if !copied {
+			out, copied = slices.Clone(checks), true
 		}
 		gen := now.UnixMicro() / c.WindowUS
-		m.mu.Lock()
 		s := m.next[c.Key]
 		if s.gen != gen || s.w != c.WindowUS {
 			s = markSeq{w: c.WindowUS, gen: gen}
@@ -57,12 +59,8 @@ func (m *marker) marked(checks []limit.Check, now time.Time) []limit.Check {
 		out[i].MarkKey, out[i].MarkOff = marksKey(c.Key, m.id, gen), s.off
 		s.off++
 		m.next[c.Key] = s
-		m.sweepLocked(now)
-		m.mu.Unlock()
 	}
-	if out == nil {
-		return checks
-	}
+	m.sweepLocked(now)
 	return out
 }
 

@@ -376,7 +376,7 @@ func (s *Store) decideExact(ctx context.Context, checks []limit.Check, keep bool
 		defer cancel()
 	}
 	if s.cluster != nil {
-		if groups := groupBySlot(checks); len(groups) > 1 {
+		if groups := groupBySlot(len(checks), func(i int) string { return checks[i].Key }); len(groups) > 1 {
 			return s.evaluateGroups(ctx, deadline, checks, groups)
 		}
 	}
