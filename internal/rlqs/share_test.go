@@ -374,7 +374,9 @@ func TestOneSnapshotPerReport(t *testing.T) {
 	}
 	before := parse("domain: edge\nrlqs: {descriptor_keys: [tenant]}\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n")
 	after := parse("domain: edge\nrlqs: {descriptor_keys: [route]}\ndescriptors:\n  - key: route\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n")
-	store := memstore.New(memstore.Options{})
+	// The store on the report's clock: on the machine's, a report made in
+	// a minute's last second was answered by the window's end (DENY_ALL).
+	store := memstore.New(memstore.Options{Now: func() time.Time { return t0 }})
 	svc := service.New(before, store, nil, service.Options{})
 	srv := rlqs.New(&reloading{svc, after}, store, rlqs.Options{})
 	ss, _ := srv.NewSession()
