@@ -464,6 +464,8 @@ muts = [
     ("445 a master change re-applies only charges noted before the round","internal/redisstore/journal_round.go","\t\tj.redo = bySeq(append(j.redo, j.entries...))\n\t\tj.entries = nil\n","\t\tk := 0\n\t\tfor k < len(j.entries) && j.entries[k].seq <= upTo-1 {\n\t\t\tk++\n\t\t}\n\t\tj.redo = bySeq(append(j.redo, j.entries[:k]...))\n\t\tj.entries = j.entries[k:]\n","./internal/redisstore","TestJournalRoundCountsEachChargeOnce"),
     ("446 a marks key kept forever","internal/redisstore/scripts/decide_keys.lua","    redis.call('PEXPIRE', KEYS[mk], px(now + win[q] + GRACE))\n","","./internal/redisstore","TestMarkedChargesCountOnce"),
     ("447 a Cluster grant's answers placed by slot, not by op","internal/redisstore/grant.go","\t\t\t\tout[i] = r[k]\n","\t\t\t\tout[i] = r[len(idx)-1-k]\n","./internal/redisstore","TestGrantAcrossClusterSlots"),
+    ("448 a request refused on a dry answer while its draw is on its way","internal/global/decide.go","(e.asking > 0 || !p.now.Before(e.dryUntil) && e.left(p.now) > 0)","!p.now.Before(e.dryUntil) && e.left(p.now) > 0","./internal/global","TestDrawsAnsweredOutOfOrder"),
+    ("449 a home answer run earlier overwrites what was heard","internal/global/refill.go","r.WindowEndUS == 0 || r.WindowEndUS != e.heardEnd || r.ResetUS <= e.heardReset","true","./internal/global","TestDrawsAnsweredOutOfOrder"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -242,10 +242,12 @@ func (s *Store) beyondHeld(p *plan, i int, c *limit.Check, e *entry) {
 	}
 	p.results[i] = r
 	p.refused = p.refused || !c.NoVeto
-	if p.mayWait && !s.out && !p.now.Before(e.dryUntil) && e.left(p.now) > 0 {
-		// Not known spent at the home, nor by what is owed to it:
-		// wait for a draw, and decide it again (a shadow or quota-mode
-		// check too: its verdict counts).
+	if p.mayWait && !s.out && (e.asking > 0 || !p.now.Before(e.dryUntil) && e.left(p.now) > 0) {
+		// Not known spent at the home, nor by what is owed to it, or
+		// hits drawn for this instance are on their way (the home,
+		// spent by them, answered another draw first): wait for a
+		// draw, and decide it again (a shadow or quota-mode check too:
+		// its verdict counts).
 		p.cold = append(p.cold, coldCheck{e: e, hits: max(c.SaturatedHits(), e.hold(), 1)})
 		return
 	}

@@ -254,8 +254,12 @@ type entry struct {
 	validTill time.Time   // the held hits are not used from then on
 	windowEnd int64       // on the home's clock: what a give-back names
 	remaining uint64      // the home counter's remaining, last heard
-	resetAt   time.Time   // when the window ends, on this clock
-	dryUntil  time.Time   // nothing to draw until then
+	// heardEnd and heardReset: the window and time to its end of the
+	// latest run of the answers remaining was taken from (latest).
+	heardEnd   int64
+	heardReset int64
+	resetAt    time.Time // when the window ends, on this clock
+	dryUntil   time.Time // nothing to draw until then
 
 	lease.Meter // the hits asked (charged, on a budget), and their smoothed rate
 	lastUse     time.Time

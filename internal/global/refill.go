@@ -122,7 +122,7 @@ func (s *Store) settled(e *entry, op *limit.GrantOp, r limit.GrantResult, err er
 	} else {
 		s.m.hits("settled", r.Hits)
 	}
-	if r.WindowEndUS == e.windowEnd {
+	if r.WindowEndUS == e.windowEnd && e.latest(r) {
 		e.remaining = r.Remaining
 		if r.Remaining == 0 {
 			e.dryUntil = e.resetAt
@@ -389,13 +389,31 @@ func (s *Store) granted(e *entry, asked uint64, r limit.GrantResult, start time.
 	e.avail += r.Hits
 	s.m.hits("charged", e.repay())
 	e.carry()
-	e.remaining = r.Remaining
 	e.resetAt = start.Add(reset)
+	if !e.latest(r) {
+		return
+	}
+	e.remaining = r.Remaining
 	if r.Remaining == 0 {
 		e.dryUntil = e.resetAt
 	} else {
 		e.dryUntil = time.Time{} // given back by others since
 	}
+}
+
+// latest reports that r, an answer of the home in e's window, was run
+// there after every answer taken in so far: calls under way at once
+// (cold draws, a pass) may be answered out of order, and the remaining
+// of one run earlier is stale (taken in last, a spent counter would
+// look as if it had room, or the reverse). The home's clock orders
+// them: the later run is nearer the window's end (a token bucket, with
+// no window, is taken as it comes). Called with mu held.
+func (e *entry) latest(r limit.GrantResult) bool {
+	if r.WindowEndUS == 0 || r.WindowEndUS != e.heardEnd || r.ResetUS <= e.heardReset {
+		e.heardEnd, e.heardReset = r.WindowEndUS, r.ResetUS
+		return true
+	}
+	return false
 }
 
 // flightTimeout is how long a budget check stays in flight without its

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/global"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
 // TestSparseKeysAdmitted: per-tenant global limits as most users run
@@ -179,5 +181,143 @@ func TestLateDemandDrawnAtOnce(t *testing.T) {
 	wg.Wait()
 	if len(slow) > 0 {
 		t.Errorf("%d of 41 requests waited %v, more than one round trip (%v) and a margin: they waited for a draw that did not count them", len(slow), slow, rtt)
+	}
+}
+
+// gatedHome stands between a store and its (real) home Redis: each call
+// waits for the test to run it, then to return its answer, so that the
+// test orders the home's runs and the answers' arrival as a crowded
+// machine or a WAN may.
+type gatedHome struct {
+	home  global.Home
+	calls chan *gatedCall
+}
+
+type gatedCall struct {
+	ops      []limit.GrantOp
+	run, ret chan struct{}
+	ran      chan struct{}
+}
+
+// release runs and returns each call of calls until it is closed.
+func release(calls chan *gatedCall) {
+	for c := range calls {
+		close(c.run)
+		close(c.ret)
+	}
+}
+
+func (g *gatedHome) GrantWithin(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error) {
+	c := &gatedCall{ops: ops, run: make(chan struct{}), ran: make(chan struct{}), ret: make(chan struct{})}
+	g.calls <- c
+	<-c.run
+	out, err := g.home.GrantWithin(ctx, ops)
+	close(c.ran)
+	<-c.ret
+	return out, err
+}
+
+// TestDrawsAnsweredOutOfOrder: two draws of a cold counter under way at
+// once, the second run first at the home: the first's answer, taken in
+// first, says the counter is spent (the second took the rest). The
+// requests it does not cover wait for the second's hits rather than be
+// refused (a burst of 60 on a limit of 50 once admitted 2 so, on a
+// crowded machine); and the second's answer, run earlier, does not
+// make the spent counter look as if it had room again (a request after
+// it would make a draw for nothing).
+func TestDrawsAnsweredOutOfOrder(t *testing.T) {
+	home, err := redisstore.New(redisstore.Options{URL: redistest.Start(t).URL(), Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { home.Close() })
+	local, err := redisstore.New(redisstore.Options{URL: redistest.Start(t).URL(), Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { local.Close() })
+	gate := &gatedHome{home: home, calls: make(chan *gatedCall, 16)}
+	g := global.New(local, gate, global.Options{HomeTimeout: time.Minute, ColdMargin: 20 * time.Second})
+	t.Cleanup(func() {
+		go release(gate.calls) // what is still gated runs and returns at Close
+		g.Close()
+		close(gate.calls)
+	})
+	next := func(what string) *gatedCall {
+		t.Helper()
+		select {
+		case c := <-gate.calls:
+			return c
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no call to the home for %s", what)
+			return nil
+		}
+	}
+	asked := func(c *gatedCall) (n uint64) {
+		for _, op := range c.ops {
+			n += op.Check.Hits
+		}
+		return n
+	}
+	const lim = 50
+	check := limit.Check{Key: "tenant:gated", Limit: lim, WindowUS: 3600e6, Hits: 1, Global: true}
+	var admitted, done atomic.Int64
+	ask := func() {
+		res, err := g.Evaluate(context.Background(), []limit.Check{check})
+		if err != nil {
+			t.Error(err)
+		} else if !res[0].Over {
+			admitted.Add(1)
+		}
+		done.Add(1)
+	}
+	var wg sync.WaitGroup
+	wg.Go(ask)
+	first := next("the first request")
+	for range 59 {
+		wg.Go(ask)
+	}
+	// The rest of the limit is asked for by the draws that follow.
+	var later []*gatedCall
+	for n := asked(first); n < lim; {
+		c := next(fmt.Sprintf("the burst (%d of %d asked)", n, lim))
+		later = append(later, c)
+		n += asked(c)
+	}
+	for _, c := range later {
+		close(c.run)
+		<-c.ran
+	}
+	close(first.run)
+	<-first.ran
+	close(first.ret)
+	// What the first draw held is spent; the others wait.
+	for done.Load() < int64(asked(first)) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // a request refused now would be done
+	if d := done.Load(); d > int64(asked(first)) {
+		t.Errorf("%d requests answered before the draws run first came back, want %d: refused while hits were on their way", d, asked(first))
+	}
+	for _, c := range later {
+		close(c.ret)
+	}
+	wg.Wait()
+	if n := admitted.Load(); n != lim {
+		t.Errorf("%d of 60 admitted on a limit of %d, want %d", n, lim, lim)
+	}
+	// Spent: a request after it is refused without a draw.
+	wg.Go(ask)
+	select {
+	case c := <-gate.calls:
+		t.Errorf("a draw of %d on a spent counter: an answer run earlier made it look as if it had room", asked(c))
+		close(c.run)
+		close(c.ret)
+	case <-time.After(500 * time.Millisecond):
+	}
+	go release(gate.calls)
+	wg.Wait()
+	if n := admitted.Load(); n != lim {
+		t.Errorf("a request on the spent counter admitted")
 	}
 }
