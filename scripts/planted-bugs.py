@@ -466,6 +466,11 @@ muts = [
     ("447 a Cluster grant's answers placed by slot, not by op","internal/redisstore/grant.go","\t\t\t\tout[i] = r[k]\n","\t\t\t\tout[i] = r[len(idx)-1-k]\n","./internal/redisstore","TestGrantAcrossClusterSlots"),
     ("448 a request refused on a dry answer while its draw is on its way","internal/global/decide.go","(e.asking > 0 || !p.now.Before(e.dryUntil) && e.left(p.now) > 0)","!p.now.Before(e.dryUntil) && e.left(p.now) > 0","./internal/global","TestDrawsAnsweredOutOfOrder"),
     ("449 a home answer run earlier overwrites what was heard","internal/global/refill.go","r.WindowEndUS == 0 || r.WindowEndUS != e.heardEnd || r.ResetUS <= e.heardReset","true","./internal/global","TestDrawsAnsweredOutOfOrder"),
+    ("450 a Cluster slot whose master changed: its charges not re-applied","internal/redisstore/journal_cluster.go","\t\t\t\tif was := j.owners[sl]; was != \"\" && was != m.id {","\t\t\t\tif was := j.owners[sl]; false && was != m.id {","./internal/redisstore","TestChargeJournalClusterFailover"),
+    ("451 a Cluster master's barrier confirms every master's charges","internal/redisstore/journal_cluster.go","j.confirmWhere(upTo, JournalConfirmed, m.serves)","j.confirmWhere(upTo, JournalConfirmed, nil)","./internal/redisstore","TestChargeJournalClusterFailover"),
+    ("452 the Cluster barrier a PUBLISH, which is not replicated","internal/redisstore/journal_cluster.go","acked, err := barrierOn(ctx, conn, \"{\"+tagIn(r.slots[0])+\"}\"+barrierChannel)","acked, err := barrierOn(ctx, conn, \"\")","./internal/redisstore","TestClusterBarrierWaitsForReplica"),
+    ("453 a master whose replica just went confirms its charges at once","internal/redisstore/journal.go","journalReplicaGrace = 30 * time.Second","journalReplicaGrace = 0","./internal/redisstore","TestChargeJournalClusterFailover"),
+    ("454 a Cluster request over several slots: its charges not journaled","internal/redisstore/cluster.go","return s.eval(ctx, deadline, cs, keep && hasJournaled(cs))","return s.eval(ctx, deadline, cs, false)","./internal/redisstore","TestChargeJournalClusterFailover"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -159,8 +159,8 @@ func positiveRatio(r *float64, def float64) bounded[float64] {
 	})
 }
 
-// journalFlag is --charge-journal: auto (the default: on for single and
-// Sentinel Redis, off on Cluster), on (a bare flag, true) or off (false).
+// journalFlag is --charge-journal: auto (the default: on with Redis, of
+// every topology), on (a bare flag, true) or off (false).
 type journalFlag string
 
 func (j *journalFlag) String() string {

@@ -164,7 +164,6 @@ func TestStartupErrors(t *testing.T) {
 		{"invalid rules", []string{"--config", bad}, nil, `rules.yaml:4: descriptors[0].rate_limit.unit: unknown unit "fortnight"`},
 		{"bad redis url", []string{"--config", rules, "--redis-url", "http://nope"}, nil, "--redis-url: redisstore: parse the URL"},
 		{"bad redis mode", []string{"--config", rules, "--redis-url", "redis://h:1", "--redis-mode", "ring"}, nil, `--redis-mode "ring": want single, sentinel or cluster`},
-		{"charge journal on cluster", []string{"--config", rules, "--redis-url", "redis://h:1?addr=h:2", "--redis-mode", "cluster", "--charge-journal"}, nil, "the charge journal needs a single or Sentinel Redis"},
 		{"redis tls without rediss", []string{"--config", rules, "--redis-url", "redis://h:1", "--redis-tls-ca", rules}, nil, "--redis-tls-* need rediss:// Redis URLs"},
 		{"redis ca without certificate", []string{"--config", rules, "--redis-url", "rediss://h:1", "--redis-tls-ca", rules}, nil, "--redis-tls-ca " + rules + ": no PEM certificate in it"},
 		{"grpc key without certificate", []string{"--config", rules, "--grpc-tls-cert", rules, "--grpc-tls-key", rules}, nil, "--grpc-tls-cert: tls: failed to find any PEM data in certificate input"},

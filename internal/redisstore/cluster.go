@@ -36,10 +36,11 @@ func groupBySlot(n int, key func(int) string) []slotGroup {
 // evaluateGroups decides a request whose checks span several slots: one
 // script call per slot, in ascending slot order (limit.EvaluateInOrder:
 // the order is what lets contending requests admit exactly the limit).
-// Each group is all or nothing by itself.
-func (s *Store) evaluateGroups(ctx context.Context, deadline time.Time, checks []limit.Check, groups []slotGroup) ([]limit.Result, error) {
+// Each group is all or nothing by itself; keep: each group's usage
+// charges are settled in the journal by its own call.
+func (s *Store) evaluateGroups(ctx context.Context, deadline time.Time, checks []limit.Check, groups []slotGroup, keep bool) ([]limit.Result, error) {
 	eval := func(ctx context.Context, cs []limit.Check) ([]limit.Result, error) {
-		return s.eval(ctx, deadline, cs, false)
+		return s.eval(ctx, deadline, cs, keep && hasJournaled(cs))
 	}
 	ordered := make([]limit.Group, len(groups))
 	for g, grp := range groups {

@@ -18,7 +18,8 @@ import (
 // The stream-end call that carries a charge is the one nobody waits for,
 // so the confirmation runs beside the requests, never in their way.
 //
-// How a charge is confirmed: a round, every JournalEvery while the
+// How a charge is confirmed (on Cluster, per master: journal_cluster.go):
+// a round, every JournalEvery while the
 // journal holds charges, writes a barrier on one connection (a PUBLISH,
 // which Redis replicates and which touches no key) and asks WAIT on the
 // same connection: once a replica has acknowledged the barrier it has
@@ -72,6 +73,11 @@ const (
 	barrierChannel = "ratelimitd:charge-journal"
 	// journalReplicas is how many replicas must acknowledge a barrier.
 	journalReplicas = 1
+	// journalReplicaGrace is how long a master that had a replica keeps
+	// its charges unconfirmed once it has none: a replica reconnecting,
+	// or gone because the master is failing (Redis Cluster's default
+	// node timeout is 15 s), may be promoted without them.
+	journalReplicaGrace = 30 * time.Second
 )
 
 // Journal outcomes, the values of
@@ -101,6 +107,8 @@ type journalEntry struct {
 	// kept: the store did not take it when it came (applied, not
 	// re-applied).
 	kept bool
+	// slot is its counter's hash slot, on Cluster.
+	slot int
 }
 
 type journal struct {
@@ -114,11 +122,15 @@ type journal struct {
 	entries, redo, unsure []journalEntry
 	bytes                 int
 	seq                   uint64
-	master                string // master_replid of the master the last round reached
-	replica               bool   // the last round found a replica (for the log)
-	wake                  chan struct{}
-	full                  lograte.Limiter
-	closed                bool // close has run: what comes after is abandoned
+	master                string   // master_replid of the master the last round reached
+	owners                []string // on Cluster: per slot, master_replid of the master that served it at the last round
+	replica               bool     // the last round found a replica (for the log)
+	// replicaSeen is, per master (its master_replid), when a round last
+	// found it a replica (replicaGone).
+	replicaSeen map[string]time.Time
+	wake        chan struct{}
+	full        lograte.Limiter
+	closed      bool // close has run: what comes after is abandoned
 	// marks make each charge it keeps count once, however often sent.
 	marks *marker
 }
@@ -154,6 +166,9 @@ func (j *journal) note(checks []limit.Check, res []limit.Result) {
 func (j *journal) entryLocked(c limit.Check, end time.Time) journalEntry {
 	j.seq++
 	e := journalEntry{seq: j.seq, check: c, end: end, size: journalEntryBytes + len(c.Key) + len(c.Incumbent)}
+	if j.s.cluster != nil {
+		e.slot = slot(c.Key)
+	}
 	j.bytes += e.size
 	return e
 }

@@ -26,7 +26,10 @@ import (
 // master sent waits in its socket and is applied when it wakes, after
 // the journal saw it unacknowledged); 1 s later the master is killed and
 // Sentinel promotes the replica; the streams go on
-// until the new master has answered for 1 s. It reports the tokens the
+// until the new master has answered for 1 s. With lag=cluster the same
+// on a Redis Cluster of three masters with a replica each: the budget
+// slot's replica stopped 2 s, its master killed 1 s into it, the
+// replica promoted by the Cluster. It reports the tokens the
 // clients charged (every charge sent and answered, recorded or answered
 // by the failure policy) against the count on the new master once the
 // journal is drained: lost_tokens (charged, not
@@ -36,11 +39,11 @@ import (
 //
 //	go test -run XXX -bench ChargeFailover -benchtime 1x ./internal/redisstore/
 func BenchmarkChargeFailover(b *testing.B) {
-	for _, lag := range []string{"held", "stopped"} {
+	for _, lag := range []string{"held", "stopped", "cluster"} {
 		for _, streams := range []int{8, 64} {
 			for _, on := range []bool{false, true} {
 				b.Run(fmt.Sprintf("lag=%s/streams=%d/journal=%v", lag, streams, on), func(b *testing.B) {
-					failoverBench(b, streams, on, lag == "stopped")
+					failoverBench(b, streams, on, lag)
 				})
 			}
 		}
@@ -48,10 +51,15 @@ func BenchmarkChargeFailover(b *testing.B) {
 }
 
 // failoverBench runs chargeFailover b.N times and reports its figures.
-func failoverBench(b *testing.B, streams int, on, stopped bool) {
+func failoverBench(b *testing.B, streams int, on bool, lag string) {
 	var lost, double, p99, charged float64
 	for range b.N {
-		r := chargeFailover(b, streams, on, stopped)
+		var r failoverRun
+		if lag == "cluster" {
+			r = chargeClusterFailover(b, streams, on)
+		} else {
+			r = chargeFailover(b, streams, on, lag == "stopped")
+		}
 		lost, double, p99, charged = lost+r.lost, double+r.double, max(p99, r.p99ms), charged+r.charged
 	}
 	n := float64(b.N)
@@ -190,6 +198,33 @@ func chargeFailover(b *testing.B, streams int, on, stopped bool) failoverRun {
 	st.AwaitFailover(b, old, 20*time.Second, 60*time.Second)
 	deadline := bs.awaitAnswer(b, s, "the failover")
 	b.Logf("streams %d: failover", streams)
+	return bs.finish(b, s, m, on, deadline)
+}
+
+// chargeClusterFailover is chargeFailover's lag=cluster.
+func chargeClusterFailover(b *testing.B, streams int, on bool) failoverRun {
+	c := redistest.StartReplicatedCluster(b, 3)
+	s, m := failoverStore(b, c.URL(), on, func(o *redisstore.Options) { o.Mode = redisstore.ModeCluster })
+	defer func() {
+		s.Close()
+		awaitDialersGone(b)
+	}()
+	ctx := context.Background()
+	bs := runBudgetStreams(s, streams)
+	sl, err := c.Masters[0].Client().ClusterKeySlot(ctx, bs.budget.Key).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	i := c.MasterOf(int(sl))
+	time.Sleep(time.Second)
+	bs.healthy.Store(false)
+	c.Replicas[i].Pause()
+	time.AfterFunc(2*time.Second, c.Replicas[i].Resume)
+	time.Sleep(time.Second)
+	c.Masters[i].Kill()
+	c.AwaitPromotion(b, i, 15*time.Second, 60*time.Second)
+	deadline := bs.awaitAnswer(b, s, "the failover")
+	b.Logf("streams %d: Cluster failover", streams)
 	return bs.finish(b, s, m, on, deadline)
 }
 

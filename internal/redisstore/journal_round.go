@@ -35,6 +35,10 @@ func (j *journal) round(ctx context.Context) {
 func (j *journal) roundUpTo(ctx context.Context, upTo uint64, pending int) {
 	ctx, cancel := context.WithTimeout(ctx, journalWait+j.s.timeout)
 	defer cancel()
+	if j.s.cluster != nil {
+		j.clusterRoundUpTo(ctx, upTo, pending)
+		return
+	}
 	conn := j.s.client.(interface {
 		Conn() *redis.Conn
 	}).Conn()
@@ -70,11 +74,15 @@ func (j *journal) roundUpTo(ctx context.Context, upTo uint64, pending int) {
 	switch {
 	case pending == 0:
 	case replicas == 0:
-		// Nothing can confirm them: keeping them would fill the journal
-		// and re-apply them after a restart that kept them (persistence).
-		j.confirm(upTo, JournalNoReplica)
+		if j.replicaGone(id, replicas) {
+			// Nothing can confirm them: keeping them would fill the
+			// journal and re-apply them after a restart that kept them
+			// (persistence).
+			j.confirm(upTo, JournalNoReplica)
+		}
 	default:
-		if acked, err := barrier(ctx, conn); err == nil && acked >= journalReplicas {
+		j.replicaGone(id, replicas)
+		if acked, err := barrierOn(ctx, conn, ""); err == nil && acked >= journalReplicas {
 			j.confirm(upTo, JournalConfirmed)
 		}
 	}
@@ -112,13 +120,19 @@ func masterInfo(ctx context.Context, conn *redis.Conn) (id string, replicas int,
 	return infoField(text, "master_replid"), replicas, nil
 }
 
-// barrier writes a barrier on conn and waits for journalReplicas
+// barrierOn writes a barrier on conn and waits for journalReplicas
 // replicas to acknowledge it: once one has, it has every write the
-// master made before.
-func barrier(ctx context.Context, conn *redis.Conn) (acked int, err error) {
+// master made before. The barrier is a PUBLISH, which touches no key;
+// on Cluster, where a PUBLISH is not replicated, a key of the node's own
+// slots written (key), kept a second.
+func barrierOn(ctx context.Context, conn *redis.Conn, key string) (acked int, err error) {
 	var ack *redis.Cmd
 	_, err = conn.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.Publish(ctx, barrierChannel, "")
+		if key != "" {
+			p.Set(ctx, key, "", time.Second)
+		} else {
+			p.Publish(ctx, barrierChannel, "")
+		}
 		ack = p.Do(ctx, "WAIT", journalReplicas, journalWait.Milliseconds())
 		return nil
 	})
@@ -141,17 +155,47 @@ func infoField(info, field string) string {
 
 // confirm forgets the entries up to seq, counting them as outcome.
 func (j *journal) confirm(seq uint64, outcome string) {
+	j.confirmWhere(seq, outcome, nil)
+}
+
+// confirmWhere forgets the entries up to seq whose counter's slot in is
+// true of (nil: all), counting them as outcome.
+func (j *journal) confirmWhere(seq uint64, outcome string, in func(slot int) bool) {
 	j.mu.Lock()
 	k := 0
-	for k < len(j.entries) && j.entries[k].seq <= seq {
-		j.bytes -= j.entries[k].size
-		k++
+	kept := j.entries[:0]
+	for _, e := range j.entries {
+		if e.seq <= seq && (in == nil || in(e.slot)) {
+			j.bytes -= e.size
+			k++
+		} else {
+			kept = append(kept, e)
+		}
 	}
-	j.entries = j.entries[k:]
+	clear(j.entries[len(kept):])
+	j.entries = kept
 	n := j.lenLocked()
 	j.mu.Unlock()
 	j.s.m.ChargeJournal(outcome, k)
 	j.s.m.SetChargeJournal(n)
+}
+
+// replicaGone notes that master id has replicas, and reports that it
+// has had none for journalReplicaGrace, or never had one: its charges
+// are then not kept (nothing could confirm them).
+func (j *journal) replicaGone(id string, replicas int) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	now := time.Now()
+	if replicas > 0 {
+		if j.replicaSeen == nil {
+			j.replicaSeen = map[string]time.Time{}
+		}
+		j.replicaSeen[id] = now
+		return false
+	}
+	seen, ok := j.replicaSeen[id]
+	return !ok || now.Sub(seen) >= journalReplicaGrace
 }
 
 func (j *journal) noteReplicas(replicas int) {
@@ -188,9 +232,7 @@ func (j *journal) reapply(ctx context.Context) {
 	// in turn: an outage of seconds leaves thousands.
 	sem := make(chan struct{}, reapplyConcurrency)
 	var wg sync.WaitGroup
-	for len(live) > 0 {
-		chunk := live[:min(len(live), reapplyChunk)]
-		live = live[len(chunk):]
+	for _, chunk := range j.chunks(redo, live) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
@@ -227,6 +269,31 @@ func (j *journal) reapply(ctx context.Context) {
 		j.s.m.ChargeJournal(outcome, n)
 	}
 	j.s.m.SetChargeJournal(j.len())
+}
+
+// chunks splits the indexes live of redo into the script calls that
+// apply them: at most reapplyChunk each, and on Cluster one slot's.
+func (j *journal) chunks(redo []journalEntry, live []int) [][]int {
+	groups := [][]int{live}
+	if j.s.cluster != nil {
+		groups = groups[:0]
+		for _, g := range groupBySlot(len(live), func(k int) string { return redo[live[k]].check.Key }) {
+			idx := make([]int, len(g.idx))
+			for k, i := range g.idx {
+				idx[k] = live[i]
+			}
+			groups = append(groups, idx)
+		}
+	}
+	var out [][]int
+	for _, g := range groups {
+		for len(g) > 0 {
+			n := min(len(g), reapplyChunk)
+			out = append(out, g[:n])
+			g = g[n:]
+		}
+	}
+	return out
 }
 
 // reapplyConcurrency bounds the script calls a round applies charges

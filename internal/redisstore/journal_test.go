@@ -16,14 +16,17 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
 )
 
-// failoverStore is a store on a Sentinel's url with the charge journal
-// on or off, probing the master every 100 ms, and its metrics; the
-// caller closes it.
-func failoverStore(tb testing.TB, url string, on bool) (*redisstore.Store, *redisstore.Metrics) {
+// failoverStore is a store on a Sentinel's url (or another, as edits
+// say) with the charge journal on or off, probing the master every
+// 100 ms, and its metrics; the caller closes it.
+func failoverStore(tb testing.TB, url string, on bool, edits ...func(*redisstore.Options)) (*redisstore.Store, *redisstore.Metrics) {
 	tb.Helper()
 	m := redisstore.NewMetrics(prometheus.NewRegistry())
-	s, err := redisstore.New(redisstore.Options{URL: url, Timeout: time.Second, ProbeInterval: 100 * time.Millisecond,
-		ChargeJournal: on, Metrics: m})
+	opts := redisstore.Options{URL: url, Timeout: time.Second, ProbeInterval: 100 * time.Millisecond, ChargeJournal: on, Metrics: m}
+	for _, edit := range edits {
+		edit(&opts)
+	}
+	s, err := redisstore.New(opts)
 	if err != nil {
 		tb.Fatal(err)
 	}

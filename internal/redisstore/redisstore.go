@@ -97,10 +97,9 @@ type Options struct {
 	Tracer trace.Tracer
 	// ChargeJournal keeps every usage charge until a replica has
 	// acknowledged it, and re-applies the unacknowledged ones when the
-	// master changes (see journal.go). Single or Sentinel only.
+	// master changes (see journal.go; on Cluster, per master).
 	ChargeJournal bool
-	// ChargeJournalAuto turns the journal on where it can run (single
-	// and Sentinel), and leaves it off on Cluster, saying so.
+	// ChargeJournalAuto turns the journal on: it runs on every topology.
 	ChargeJournalAuto bool
 	// JournalBytes bounds the journal's memory; zero means
 	// DefaultJournalBytes. Past it the oldest charges are forgotten,
@@ -183,9 +182,6 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.ChargeJournal && mode == ModeCluster {
-		return nil, errors.New("redisstore: the charge journal needs a single or Sentinel Redis: on Cluster each master replicates apart, and its barrier would confirm one")
-	}
 	if opts.CarryIncumbent && mode == ModeCluster {
 		return nil, errors.New("redisstore: carrying envoyproxy/ratelimit's counts needs a single or Sentinel Redis: on Cluster its keys live in other slots than ratelimitd's")
 	}
@@ -239,17 +235,20 @@ func (s *Store) newStoreBreaker(opts Options) *breaker {
 	})
 }
 
-// startJournal starts the charge journal when opts ask for it (auto: on
-// but on Cluster), and says in the log whether charges are protected.
+// startJournal starts the charge journal when opts ask for it (auto or
+// on), and says in the log whether charges are protected.
 func (s *Store) startJournal(opts Options) {
 	switch {
-	case opts.ChargeJournal || opts.ChargeJournalAuto && s.mode != ModeCluster:
+	case opts.ChargeJournal || opts.ChargeJournalAuto:
 		s.journal, s.journalStop = newJournal(s, opts.JournalBytes), make(chan struct{})
-		s.log.Info("charge journal on: usage charges are protected: each is kept until a replica acknowledges it and applied again if the master changes first (a Sentinel failover, a restart), one Redis could not take (down, hung, failing over) is kept and applied when it answers, one unanswered is sent again; each counts once (a mark beside its counter)",
+		master := "the master changes first (a Sentinel failover, a restart)"
+		if s.mode == ModeCluster {
+			master = "its slot's master changes first (a Cluster failover, a restart, a slot moved), each master confirmed by its own replica"
+		}
+		s.log.Info("charge journal on: usage charges are protected: each is kept until a replica acknowledges it and applied again if "+master+
+			", one Redis could not take (down, hung, failing over) is kept and applied when it answers, one unanswered is sent again; each counts once (a mark beside its counter)",
 			"mode", s.mode, "max_bytes", s.journal.limit)
 		s.journalWG.Go(func() { s.journal.run(s.journalStop) })
-	case s.mode == ModeCluster:
-		s.log.Warn("charge journal off on Redis Cluster: usage charges are not protected: one a master's failover loses, or that comes while Redis cannot be reached, is lost", "mode", s.mode)
 	default:
 		s.log.Warn("charge journal off: usage charges are not protected: one a failover loses, or that comes while Redis cannot be reached, is lost", "mode", s.mode)
 	}
@@ -377,7 +376,7 @@ func (s *Store) decideExact(ctx context.Context, checks []limit.Check, keep bool
 	}
 	if s.cluster != nil {
 		if groups := groupBySlot(len(checks), func(i int) string { return checks[i].Key }); len(groups) > 1 {
-			return s.evaluateGroups(ctx, deadline, checks, groups)
+			return s.evaluateGroups(ctx, deadline, checks, groups, keep)
 		}
 	}
 	return s.eval(ctx, deadline, checks, keep)

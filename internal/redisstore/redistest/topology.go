@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // StartTLS runs a redis-server that accepts only TLS connections with
@@ -41,14 +44,7 @@ func StartCluster(t testing.TB, n int) []*Server { return StartClusterWith(t, n,
 // auth.
 func StartClusterWith(t testing.TB, n int, auth Auth) []*Server {
 	t.Helper()
-	nodes := make([]*Server, n)
-	for i := range nodes {
-		s := newServer(t, auth, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
-		s.busPort = freePort(t)
-		s.start()
-		t.Cleanup(s.Kill)
-		nodes[i] = s
-	}
+	nodes := startClusterNodes(t, n, auth)
 	ctx := context.Background()
 	per := 16384 / n
 	for i, s := range nodes {
@@ -66,12 +62,36 @@ func StartClusterWith(t testing.TB, n int, auth Auth) []*Server {
 			}
 		}
 	}
+	awaitClusterOK(t, nodes, n)
+	return nodes
+}
+
+// startClusterNodes starts n cluster-enabled servers, each its own
+// cluster yet.
+func startClusterNodes(t testing.TB, n int, auth Auth) []*Server {
+	t.Helper()
+	nodes := make([]*Server, n)
+	for i := range nodes {
+		s := newServer(t, auth, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		s.busPort = freePort(t)
+		s.start()
+		t.Cleanup(s.Kill)
+		nodes[i] = s
+	}
+	return nodes
+}
+
+// awaitClusterOK waits until every node of nodes reports cluster_state:ok
+// and knows known nodes.
+func awaitClusterOK(t testing.TB, nodes []*Server, known int) {
+	t.Helper()
+	ctx := context.Background()
 	deadline := time.Now().Add(20 * time.Second)
 	for _, s := range nodes {
 		c := s.Client()
 		for {
 			info, err := c.ClusterInfo(ctx).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", n)) {
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", known)) {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -80,7 +100,109 @@ func StartClusterWith(t testing.TB, n int, auth Auth) []*Server {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	return nodes
+}
+
+// Cluster is a Redis Cluster of masters with a replica each:
+// Replicas[i] replicates Masters[i].
+type Cluster struct {
+	Masters, Replicas []*Server
+}
+
+// StartReplicatedCluster runs n masters as one Redis Cluster (the slots
+// split as StartCluster splits them), and a replica of each, and waits
+// until every node reports cluster_state:ok and each replica is in sync.
+func StartReplicatedCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	c := &Cluster{Masters: StartCluster(t, n), Replicas: startClusterNodes(t, n, Auth{})}
+	ctx := context.Background()
+	for i, r := range c.Replicas {
+		rc := r.Client()
+		if err := rc.Do(ctx, "CLUSTER", "MEET", "127.0.0.1", c.Masters[0].Port, c.Masters[0].busPort).Err(); err != nil {
+			t.Fatalf("redistest: CLUSTER MEET: %v", err)
+		}
+		id, err := c.Masters[i].Client().Do(ctx, "CLUSTER", "MYID").Text()
+		if err != nil {
+			t.Fatalf("redistest: CLUSTER MYID: %v", err)
+		}
+		// The replica must know its master before it may replicate it.
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			err := rc.Do(ctx, "CLUSTER", "REPLICATE", id).Err()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("redistest: CLUSTER REPLICATE on %s: %v", r.Addr(), err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	awaitClusterOK(t, append(slices.Clone(c.Masters), c.Replicas...), 2*n)
+	for _, r := range c.Replicas {
+		awaitField(t, r, "master_link_status:up", 20*time.Second)
+	}
+	return c
+}
+
+// URL returns a redis:// URL naming the masters (go-redis learns the
+// replicas from them).
+func (c *Cluster) URL() string { return ClusterURL(c.Masters) }
+
+// MasterOf returns the index of the master that owned slot at the start.
+func (c *Cluster) MasterOf(slot int) int { return min(slot/(16384/len(c.Masters)), len(c.Masters)-1) }
+
+// AwaitPromotion waits until replica i is a master that the Cluster
+// reports ok (its master killed: the Cluster fails it over after the
+// node timeout), forcing the failover with CLUSTER FAILOVER TAKEOVER
+// when it has not come after force.
+func (c *Cluster) AwaitPromotion(t testing.TB, i int, force, within time.Duration) {
+	t.Helper()
+	r := c.Replicas[i]
+	start := time.Now()
+	forced := false
+	for !r.has("role:master") {
+		if !forced && time.Since(start) > force {
+			forced = true
+			_ = r.Client().Do(context.Background(), "CLUSTER", "FAILOVER", "TAKEOVER").Err()
+		}
+		if time.Since(start) > within {
+			t.Fatalf("redistest: replica %s not promoted after %v", r.Addr(), within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	awaitField(t, r, "", within)
+}
+
+// has reports that s's INFO (replication, or the Cluster's with field
+// "cluster_state") holds field.
+func (s *Server) has(field string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, TLSConfig: s.tls, Password: s.password})
+	defer c.Close()
+	var text string
+	var err error
+	if strings.HasPrefix(field, "cluster_") {
+		text, err = c.ClusterInfo(ctx).Result()
+	} else {
+		text, err = c.Info(ctx, "replication").Result()
+	}
+	return err == nil && strings.Contains(text, field)
+}
+
+// awaitField waits until s has field (empty: cluster_state:ok).
+func awaitField(t testing.TB, s *Server, field string, within time.Duration) {
+	t.Helper()
+	if field == "" {
+		field = "cluster_state:ok"
+	}
+	deadline := time.Now().Add(within)
+	for !s.has(field) {
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: %s has no %q after %v", s.Addr(), field, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // Sentinel is a master, its replica and three sentinels watching them.
