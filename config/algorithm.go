@@ -28,23 +28,21 @@ func (p *parser) algorithm(f map[string]*yaml.Node, n *yaml.Node, path string, l
 		}
 	}
 	if v, ok := f["unit_multiplier"]; ok {
-		l.UnitMultiplier = p.uint32(v, path+".unit_multiplier")
+		l.UnitMultiplier = p.uint32(v, path+".unit_multiplier", 1)
 		switch {
 		case l.UnitMultiplier == 0:
-			p.errorf(v, path+".unit_multiplier", "must be at least 1")
-			l.UnitMultiplier = 1
+			l.UnitMultiplier = 1 // said out of range
 		case l.Unit != UnitUnknown && l.Window() > maxWindow:
 			p.errorf(v, path+".unit_multiplier", "a window of %d %ss is longer than 100 years", l.UnitMultiplier, l.Unit)
 			l.UnitMultiplier = 1
 		}
 	}
 	if v, ok := f["burst"]; ok {
-		l.Burst = p.uint32(v, path+".burst")
+		l.Burst = p.uint32(v, path+".burst", 1)
 		switch {
 		case l.Algorithm != AlgorithmTokenBucket:
 			p.errorf(v, path+".burst", "burst needs algorithm: token_bucket")
-		case l.Burst == 0:
-			p.errorf(v, path+".burst", "must be at least 1 (omit it for a burst of requests_per_unit)")
+		case l.Burst == 0: // said out of range (omitted, it is requests_per_unit)
 		case l.RequestsPerUnit > 0 && l.Unit != UnitUnknown:
 			// The bucket's capacity in µs must stay in the script's exact
 			// integer range.

@@ -231,6 +231,8 @@ type Domain struct {
 	// name, as generators write it), "" when it has none.
 	ConfigName string
 	File       string
+	// Line is where its domain field is in File (0: not known).
+	Line int
 	// RLQSKeys are rlqs.descriptor_keys: the bucket id keys whose values,
 	// in this order, make an RLQS bucket's descriptor (nil: the domain
 	// limits no RLQS bucket).

@@ -56,10 +56,14 @@ func TestBadConfigs(t *testing.T) {
 		{"empty.bad.yaml", []string{"empty.bad.yaml: empty file"}},
 		{"bad_algorithm.bad.yaml", []string{`:7: descriptors[0].rate_limit.algorithm: unknown algorithm "leaky" (want fixed_window, sliding_window or token_bucket)`}},
 		{"burst_without_bucket.bad.yaml", []string{":8: descriptors[0].rate_limit.burst: burst needs algorithm: token_bucket"}},
-		{"zero_multiplier.bad.yaml", []string{":7: descriptors[0].rate_limit.unit_multiplier: must be at least 1"}},
-		// Negative numbers are refused, not wrapped to about 4.29e9.
-		{"negative_multiplier.bad.yaml", []string{":7: descriptors[0].rate_limit.unit_multiplier: -1 is out of range (0 to 4294967295)"}},
-		{"negative_burst.bad.yaml", []string{":8: descriptors[0].rate_limit.burst: -1 is out of range (0 to 4294967295)"}},
+		{"zero_multiplier.bad.yaml", []string{":7: descriptors[0].rate_limit.unit_multiplier: 0 is out of range (1 to 4294967295)"}},
+		// Negative numbers are refused, not wrapped to about 4.29e9, in
+		// one message naming the field's own range.
+		{"negative_multiplier.bad.yaml", []string{":7: descriptors[0].rate_limit.unit_multiplier: -1 is out of range (1 to 4294967295)"}},
+		// Digits past 64 bits, which YAML reads as a float: out of range.
+		{"overflow_limit.bad.yaml", []string{":6: descriptors[0].rate_limit.requests_per_unit: 99999999999999999999 is out of range (0 to "}},
+		{"duplicate_domain_docs.bad.yaml", []string{`duplicate_domain_docs.bad.yaml:6: duplicate domain "d" (already defined at testdata/duplicate_domain_docs.bad.yaml:1;`}},
+		{"negative_burst.bad.yaml", []string{":8: descriptors[0].rate_limit.burst: -1 is out of range (1 to 4294967295)"}},
 		{"bad_failure_mode.bad.yaml", []string{`:4: descriptors[0].failure_mode: unknown failure_mode "closed" (want allow or deny)`}},
 		{"rlqs_duplicate_key.bad.yaml", []string{`:3: rlqs.descriptor_keys[1]: duplicate key "tenant"`}},
 		{"many_errors.bad.yaml", []string{`:5: descriptors[0].rate_limit.unit: unknown unit "fortnight"`,
@@ -78,6 +82,9 @@ func TestBadConfigs(t *testing.T) {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("error %q\ndoes not contain %q", err, want)
 				}
+			}
+			if strings.Contains(err.Error(), "out of range") && strings.Contains(err.Error(), "must be at least") {
+				t.Errorf("error %q: two ranges for one value", err)
 			}
 			if !strings.HasPrefix(err.Error(), path) {
 				t.Errorf("error %q does not start with the file name", err)
@@ -256,7 +263,7 @@ func TestLoadDirectory(t *testing.T) {
 	}
 	write("c.yaml", "domain: a\n")
 	_, err = Load(dir)
-	if err == nil || !strings.Contains(err.Error(), `c.yaml: duplicate domain "a" (already defined in `+filepath.Join(dir, "a.yaml")) {
+	if err == nil || !strings.Contains(err.Error(), `c.yaml:1: duplicate domain "a" (already defined at `+filepath.Join(dir, "a.yaml")+":1") {
 		t.Errorf("duplicate domain error = %v", err)
 	}
 	if _, err := Load(t.TempDir()); err == nil || !strings.Contains(err.Error(), "no *.yaml or *.yml rules files") {

@@ -139,10 +139,16 @@ func LoadDocs(ctx context.Context, opts Options, docs []Doc) (*Snapshot, error) 
 			errs = append(errs, err)
 			continue
 		}
+		if !doc.Lines {
+			for _, d := range ds {
+				d.Line = 0 // a rendered resource's lines mean nothing to its reader
+			}
+		}
 		for _, d := range ds {
 			if prev, dup := snap.domains[d.Name]; dup {
 				if !opts.MergeDomains {
-					errs = append(errs, &Error{File: doc.Name, Msg: fmt.Sprintf("duplicate domain %q (already defined in %s; --merge-domains merges them)", d.Name, prev.File)})
+					errs = append(errs, &Error{File: doc.Name, Line: d.Line,
+						Msg: fmt.Sprintf("duplicate domain %q (already defined at %s; --merge-domains merges them)", d.Name, where(prev.File, prev.Line))})
 					continue
 				}
 				errs = append(errs, prev.merge(d)...)
@@ -249,4 +255,12 @@ func listFiles(paths []string) ([]string, error) {
 		return nil, errors.Join(errs...)
 	}
 	return files, nil
+}
+
+// where is file:line, or file when the line is not known.
+func where(file string, line int) string {
+	if line > 0 {
+		return fmt.Sprintf("%s:%d", file, line)
+	}
+	return file
 }

@@ -205,6 +205,7 @@ func (p *parser) domain(n *yaml.Node) *Domain {
 	}
 	if v, ok := f["domain"]; ok {
 		d.Name, _ = p.str(v, "domain")
+		d.Line = v.Line
 	}
 	if d.Name == "" {
 		p.errorf(n, "domain", "missing or empty domain")

@@ -37,27 +37,29 @@ func (p *parser) boolean(n *yaml.Node, path string) bool {
 	return b
 }
 
-func (p *parser) uint32(n *yaml.Node, path string) uint32 {
-	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
-		p.errorf(n, path, "want a whole number, got %s %q", kindName(n), Truncate(n.Value, 64))
-		return 0
-	}
-	v, err := strconv.ParseInt(n.Value, 0, 64)
-	if err != nil || v < 0 || v > math.MaxUint32 {
-		p.errorf(n, path, "%s is out of range (0 to %d)", Truncate(n.Value, 64), uint32(math.MaxUint32))
-		return 0
-	}
-	return uint32(v)
+// uint32 reads a whole number from least to 2^32-1; out of range (or not
+// a whole number) it says so once, and returns 0.
+func (p *parser) uint32(n *yaml.Node, path string, least uint32) uint32 {
+	return uint32(p.uint64In(n, path, uint64(least), math.MaxUint32))
 }
 
 func (p *parser) uint64(n *yaml.Node, path string, most uint64) uint64 {
-	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
+	return p.uint64In(n, path, 0, most)
+}
+
+// uint64In reads a whole number from least to most; out of range (or
+// not a whole number) it says so once, naming the range, and returns 0.
+func (p *parser) uint64In(n *yaml.Node, path string, least, most uint64) uint64 {
+	digits := strings.TrimLeft(n.Value, "+-") != "" && strings.Trim(strings.TrimLeft(n.Value, "+-"), "0123456789") == ""
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" && !digits {
 		p.errorf(n, path, "want a whole number, got %s %q", kindName(n), Truncate(n.Value, 64))
 		return 0
 	}
+	// A number of digits too long for 64 bits is read as a float by
+	// YAML: it is out of range, not a float.
 	v, err := strconv.ParseUint(n.Value, 0, 64)
-	if err != nil || v > most {
-		p.errorf(n, path, "%s is out of range (0 to %d)", Truncate(n.Value, 64), most)
+	if err != nil || v < least || v > most {
+		p.errorf(n, path, "%s is out of range (%d to %d)", Truncate(n.Value, 64), least, most)
 		return 0
 	}
 	return v

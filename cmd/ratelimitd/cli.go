@@ -23,6 +23,23 @@ type usageError struct {
 func (e *usageError) Error() string { return e.err.Error() }
 func (e *usageError) Unwrap() error { return e.err }
 
+// exitError ends a command with its own exit status (diff's, as
+// diff(1)'s), err printed when set.
+type exitError struct {
+	code   int
+	err    error
+	logged bool // err was logged already: print nothing more
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
 // usagef is a usageError of cmd.
 func usagef(cmd, format string, a ...any) error {
 	return &usageError{cmd: cmd, err: fmt.Errorf(format, a...)}
@@ -34,9 +51,15 @@ func usagef(cmd, format string, a ...any) error {
 func cli(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	err := run(ctx, args, getenv, stdout, stderr)
 	var ue *usageError
+	var ee *exitError
 	switch {
 	case err == nil:
 		return 0
+	case errors.As(err, &ee):
+		if ee.err != nil && !ee.logged {
+			fmt.Fprintln(stderr, "ratelimitd:", ee.err)
+		}
+		return ee.code
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "%s: %v\nRun '%s -h' for usage.\n", ue.cmd, ue.err, ue.cmd)
 		return 2

@@ -18,7 +18,7 @@ func diffRules(_ context.Context, args []string, out io.Writer) error {
 	const cmd = "ratelimitd diff"
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: ratelimitd diff OLD NEW\n\nPrints what changing the rules OLD to NEW (files or directories) does,\nrule by rule: limits, keys that start afresh, rules added and removed.")
+		fmt.Fprintln(fs.Output(), "Usage: ratelimitd diff OLD NEW\n\nPrints what changing the rules OLD to NEW (files or directories) does,\nrule by rule: limits, keys that start afresh, rules added and removed.\nExits 0 when nothing limited changes, 1 when something does, 2 when\nthe rules cannot be read (as diff(1)).")
 	}
 	if err := parseFlags(fs, cmd, args, out); err != nil {
 		return helpIsDone(err)
@@ -28,20 +28,21 @@ func diffRules(_ context.Context, args []string, out io.Writer) error {
 	}
 	before, err := config.Load(fs.Arg(0))
 	if err != nil {
-		return fmt.Errorf("diff: old rules: %w", err)
+		return &exitError{code: 2, err: fmt.Errorf("diff: old rules: %w", err)}
 	}
 	after, err := config.Load(fs.Arg(1))
 	if err != nil {
-		return fmt.Errorf("diff: new rules: %w", err)
+		return &exitError{code: 2, err: fmt.Errorf("diff: new rules: %w", err)}
 	}
 	lines := ruleChanges(before, after)
 	if len(lines) == 0 {
 		fmt.Fprintln(out, "no change in what is limited")
+		return nil
 	}
 	for _, l := range lines {
 		fmt.Fprintln(out, l)
 	}
-	return nil
+	return &exitError{code: 1} // as diff(1): the rules differ
 }
 
 // ruleChanges lists the changes from before to after, domain by domain,

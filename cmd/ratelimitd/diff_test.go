@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -54,9 +55,11 @@ descriptors:
   - key: budget
     rate_limit: {unit: month, requests_per_unit: 1000, rejected_hits: nothing, calendar: true}
 `)
-	var out syncBuffer
-	if err := run(context.Background(), []string{"diff", old, changed}, env(nil), &out, &out); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
+	// As diff(1): 1 when the rules differ, 0 when they do not, 2 when
+	// they cannot be read.
+	var out, errOut bytes.Buffer
+	if code := cli(context.Background(), []string{"diff", old, changed}, env(nil), &out, &errOut); code != 1 || errOut.Len() != 0 {
+		t.Fatalf("rules that differ: exit %d, stderr %q; want 1 and nothing\n%s", code, errOut.String(), out.String())
 	}
 	for _, want := range []string{
 		"~ web.ip (" + changed + ":3): requests_per_unit 100 -> 50 (lowered)",
@@ -74,9 +77,13 @@ descriptors:
 	if strings.Contains(out.String(), "web.same") {
 		t.Errorf("an unchanged rule is listed:\n%s", out.String())
 	}
-	var none syncBuffer
-	if err := run(context.Background(), []string{"diff", old, old}, env(nil), &none, &none); err != nil || !strings.Contains(none.String(), "no change in what is limited") {
-		t.Errorf("no change: %v %q", err, none.String())
+	var none bytes.Buffer
+	if code := cli(context.Background(), []string{"diff", old, old}, env(nil), &none, &none); code != 0 || !strings.Contains(none.String(), "no change in what is limited") {
+		t.Errorf("no change: exit %d %q, want 0", code, none.String())
+	}
+	var missing bytes.Buffer
+	if code := cli(context.Background(), []string{"diff", old, filepath.Join(dir, "missing.yaml")}, env(nil), &missing, &missing); code != 2 {
+		t.Errorf("new rules missing: exit %d, want 2 (%s)", code, missing.String())
 	}
 	var bad syncBuffer
 	if err := run(context.Background(), []string{"diff", old, filepath.Join(dir, "missing.yaml")}, env(nil), &bad, &bad); err == nil || !strings.Contains(err.Error(), "diff: new rules") {

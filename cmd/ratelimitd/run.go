@@ -72,8 +72,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	a := &app{s: s, getenv: getenv, log: newLogger(s, logOut), m: newMetrics(version)}
+	defer func() {
+		if a.served {
+			// The last line: the stores have closed (the charge journal
+			// handed over or said what it could not).
+			a.log.Info("stopped")
+		}
+	}()
 	defer a.cleanup()
 	a.log.Info("starting", "version", version, "go", runtime.Version())
+	for _, v := range s.unknownEnv {
+		a.log.Warn("variable ignored: no flag of that name (RATELIMITD_ and the flag's name, upper case, - as _)", "variable", v)
+	}
 	for _, v := range s.ignoredEnv {
 		a.log.Warn("--env-compat: variable ignored", "variable", v)
 	}
@@ -84,10 +94,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	for _, start := range []func(context.Context) error{a.startStats, a.loadRules, a.loadIdentities, a.startTracing,
 		a.openStore, a.newService, a.startReloads, a.startAside, a.startRLQS} {
 		if err := start(ctx); err != nil {
-			return err
+			return a.fatal(err)
 		}
 	}
-	return a.serve(ctx)
+	return a.fatal(a.serve(ctx))
+}
+
+// fatal is err, which ends the process: under --log-format json a log
+// line of its own, so that the log stays JSON to its end.
+func (a *app) fatal(err error) error {
+	if err == nil || a.s.logFormat != "json" {
+		return err
+	}
+	a.log.Error("fatal", "err", err)
+	return &exitError{code: 1, err: err, logged: true}
 }
 
 // app is the process being assembled: each start step adds a component
@@ -99,6 +119,7 @@ type app struct {
 	log    *slog.Logger
 	m      *allMetrics
 	undo   []func()
+	served bool // serve was reached: "stopped" ends the log
 
 	incumbent *incumbentstats.Stats
 	rules     *config.Snapshot
@@ -371,6 +392,7 @@ func (a *app) serve(ctx context.Context) error {
 		grpcLis.Close()
 		return fmt.Errorf("--http-addr: %w", err)
 	}
+	a.served = true
 	srv := server.New(a.svc, server.Options{
 		GRPCOptions: grpcServerOptions(a.s, a.grpcID),
 		Logger:      a.log,

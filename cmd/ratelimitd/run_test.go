@@ -162,7 +162,7 @@ func TestStartupErrors(t *testing.T) {
 		{"no config", nil, nil, "--config is required"},
 		{"missing rules file", []string{"--config", "/nonexistent/rules.yaml"}, nil, "rules: config: stat /nonexistent/rules.yaml"},
 		{"invalid rules", []string{"--config", bad}, nil, `rules.yaml:4: descriptors[0].rate_limit.unit: unknown unit "fortnight"`},
-		{"bad redis url", []string{"--config", rules, "--redis-url", "http://nope"}, nil, "--redis-url: redisstore: parse the URL"},
+		{"bad redis url", []string{"--config", rules, "--redis-url", "http://nope"}, nil, `--redis-url "http://nope": redis: invalid URL scheme: http; want redis://`},
 		{"bad redis mode", []string{"--config", rules, "--redis-url", "redis://h:1", "--redis-mode", "ring"}, nil, `--redis-mode "ring": want single, sentinel or cluster`},
 		{"redis tls without rediss", []string{"--config", rules, "--redis-url", "redis://h:1", "--redis-tls-ca", rules}, nil, "--redis-tls-* need rediss:// Redis URLs"},
 		{"redis ca without certificate", []string{"--config", rules, "--redis-url", "rediss://h:1", "--redis-tls-ca", rules}, nil, "--redis-tls-ca " + rules + ": no PEM certificate in it"},

@@ -7,7 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"slices"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -46,6 +46,7 @@ type settings struct {
 	redisPassword     string   // from --env-compat's REDIS_AUTH
 	envCompat         string   // --env-compat
 	ignoredEnv        []string // the compat variables set but ignored, with why
+	unknownEnv        []string // RATELIMITD_ variables set that no flag reads
 	ignoredArgs       []string // under --env-compat=envoyproxy, the arguments that are not ratelimitd's
 	redisURLInArgs    bool     // --redis-url came on the command line, visible to ps
 	grpcAddr          string
@@ -113,6 +114,7 @@ func newFlagSet(s *settings, out io.Writer) *flag.FlagSet {
 	for _, add := range []func(*flag.FlagSet, *settings){rulesFlags, xdsFlags, redisFlags, globalFlags, serveFlags, decisionFlags, rlqsFlags, tracingFlags, statsFlags} {
 		add(fs, s)
 	}
+	explainValues(fs)
 	return fs
 }
 
@@ -275,6 +277,7 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 	if err := applyEnv(fs, getenv); err != nil {
 		return nil, err
 	}
+	s.unknownEnv = unknownEnv(fs, getenv)
 	args = joinEnumValues(fs, args)
 	if compatFrom(args, getenv) == "envoyproxy" {
 		args, s.ignoredArgs = knownArgs(fs, args)
@@ -283,7 +286,7 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return nil, usagef("ratelimitd", "unexpected argument %q: the server takes flags only (a command is the first argument)", redisstore.Redact(fs.Arg(0)))
+		return nil, unexpectedArg(fs, args)
 	}
 	s.journalSizeSet = isSet(fs, "charge-journal-size")
 	if compatFrom(args, getenv) == "envoyproxy" && !isSet(fs, "carry-incumbent-counts") && s.redisURL != "" && s.redis.Mode != redisstore.ModeCluster {
@@ -297,7 +300,12 @@ func parseSettings(args []string, getenv func(string) string, out io.Writer) (*s
 		}
 	}
 	s.finish()
-	return s, s.validate()
+	if err := s.validate(); err != nil {
+		// Flags or variables that cannot go together, or a value out
+		// of its bounds: as given, the server cannot run.
+		return nil, usagef("ratelimitd", "%w", err)
+	}
+	return s, nil
 }
 
 // isSet reports whether the flag name was set, by a variable or an
@@ -306,33 +314,6 @@ func isSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
-}
-
-// enumValues are the values a flag that may stand bare (a bool-style
-// flag, such as --response-headers) takes after a space too.
-var enumValues = map[string][]string{"response-headers": {"legacy", "draft11", "off", "true", "false"}}
-
-// joinEnumValues rewrites "--flag value" as "--flag=value" for a flag that
-// may stand bare, when value is one of its values: the flag package would
-// take the bare flag and leave value as an argument.
-func joinEnumValues(fs *flag.FlagSet, args []string) []string {
-	out := make([]string, 0, len(args))
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			return append(out, args[i:]...)
-		}
-		name := strings.TrimLeft(a, "-")
-		vals, ok := enumValues[name]
-		if ok && strings.HasPrefix(a, "-") && len(a)-len(name) <= 2 && fs.Lookup(name) != nil && i+1 < len(args) &&
-			slices.Contains(vals, strings.ToLower(args[i+1])) {
-			out = append(out, a+"="+args[i+1])
-			i++
-			continue
-		}
-		out = append(out, a)
-	}
-	return out
 }
 
 // knownArgs splits args into ratelimitd's own flags (with their values)
@@ -382,19 +363,40 @@ func (s *settings) applyEnvCompat(fs *flag.FlagSet, compat string, getenv func(s
 		return nil
 	case "envoyproxy":
 	default:
-		return fmt.Errorf("--env-compat %q: want envoyproxy or none", compat)
+		return usagef("ratelimitd", "--env-compat %q: want envoyproxy or none", compat)
 	}
 	res, err := incumbentenv.Envoyproxy(getenv)
 	if err != nil {
-		return fmt.Errorf("--env-compat=envoyproxy: %w", err)
+		return usagef("ratelimitd", "--env-compat=envoyproxy: %w", err)
 	}
 	for _, a := range res.Flags {
 		if err := fs.Set(a.Flag, a.Value); err != nil {
-			return fmt.Errorf("--env-compat=envoyproxy: --%s=%q: %w", a.Flag, redisstore.Redact(a.Value), err)
+			// Named as the user wrote it: the variable, not our flag.
+			if strings.Contains(a.From, " and ") {
+				return usagef("ratelimitd", "--env-compat=envoyproxy: %s give --%s=%q: %w", a.From, a.Flag, redisstore.Redact(a.Value), err)
+			}
+			return usagef("ratelimitd", "--env-compat=envoyproxy: %s=%q: %w (read as --%s)", a.From, redisstore.Redact(a.Value), err, a.Flag)
 		}
 	}
 	s.redisPassword, s.ignoredEnv, s.stats.opts.Mogrifiers = res.RedisPassword, res.Ignored, res.Mogrifiers
 	return nil
+}
+
+// environ lists the process's variables (for unknownEnv).
+var environ = os.Environ
+
+// unknownEnv returns the RATELIMITD_ variables set (as getenv has them)
+// that name no flag: a misspelling would otherwise pass unseen.
+func unknownEnv(fs *flag.FlagSet, getenv func(string) string) []string {
+	var out []string
+	for _, kv := range environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		flagName := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(name, envPrefix), "_", "-"))
+		if strings.HasPrefix(name, envPrefix) && getenv(name) != "" && fs.Lookup(flagName) == nil {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // applyEnv sets each flag from its RATELIMITD_ variable.
@@ -404,11 +406,14 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string) error {
 		name := envPrefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v := getenv(name); v != "" {
 			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+				errs = append(errs, fmt.Errorf("%s=%q: %w", name, redisstore.Redact(v), err))
 			}
 		}
 	})
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return usagef("ratelimitd", "%w", errors.Join(errs...))
+	}
+	return nil
 }
 
 // finish copies what several flags say together into the options.
@@ -433,7 +438,7 @@ var flagOf = map[string]string{
 	"service.HeaderNames.Limit": "--response-header-limit", "service.HeaderNames.Remaining": "--response-header-remaining",
 	"service.HeaderNames.Reset": "--response-header-reset", "service.NearLimitRatio": "--near-limit-ratio",
 	"service.UsageTimeout": "--usage-timeout",
-	"redisstore.Mode":      "--redis-mode", "redisstore.Timeout": "--redis-timeout", "redisstore.BreakerOpenAfter": "--breaker-open-after",
+	"redisstore.Mode":      "--redis-mode", "redisstore.URL": "--redis-url", "redisstore.Timeout": "--redis-timeout", "redisstore.BreakerOpenAfter": "--breaker-open-after",
 	"lease.Interval": "--lease-interval", "global.Refresh": "--global-refresh", "global.Share": "--global-partition-share",
 	"redisstore.JournalBytes": "--charge-journal-size",
 	"rlqs.MaxStreams":         "--rlqs-max-streams", "rlqs.MaxBuckets": "--rlqs-max-buckets", "rlqs.Margin": "--rlqs-margin",

@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -91,8 +92,34 @@ func TestEnumFlagAfterSpace(t *testing.T) {
 		}
 	}
 	if _, err := parseSettings([]string{"--config", "rules.yaml", "--response-headers", "sideways"}, none, io.Discard); err == nil ||
-		!strings.Contains(err.Error(), `unexpected argument "sideways"`) {
-		t.Errorf("a value not its own: %v, want it left an argument", err)
+		!strings.Contains(err.Error(), `unexpected argument "sideways" after --response-headers, which takes legacy, draft11, off, true, false: write --response-headers=VALUE`) {
+		t.Errorf("a value not its own: %v, want it left an argument, the flag's values named", err)
+	}
+	// Every flag that may stand bare: true/false flags and
+	// --charge-journal take their value after a space as after "=".
+	for _, tt := range []struct {
+		args []string
+		got  func(*settings) string
+		want string
+	}{
+		{[]string{"--charge-journal", "off"}, func(s *settings) string { return s.journal.String() }, "off"},
+		{[]string{"--charge-journal", "auto"}, func(s *settings) string { return s.journal.String() }, "auto"},
+		{[]string{"--watch", "false"}, func(s *settings) string { return fmt.Sprint(s.watch) }, "false"},
+		{[]string{"--shadow-mode", "true"}, func(s *settings) string { return fmt.Sprint(s.svc.ShadowMode) }, "true"},
+		{[]string{"--shadow-mode", "FALSE"}, func(s *settings) string { return fmt.Sprint(s.svc.ShadowMode) }, "false"},
+	} {
+		s, err := parseSettings(append([]string{"--config", "rules.yaml", "--redis-url", "redis://127.0.0.1:1"}, tt.args...), none, io.Discard)
+		if err != nil {
+			t.Errorf("%v: %v", tt.args, err)
+			continue
+		}
+		if got := tt.got(s); got != tt.want {
+			t.Errorf("%v: %s, want %s", tt.args, got, tt.want)
+		}
+	}
+	if _, err := parseSettings([]string{"--config", "rules.yaml", "--watch", "maybe"}, none, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), `unexpected argument "maybe" after --watch, which takes true, false: write --watch=VALUE`) {
+		t.Errorf("a bool flag followed by a word not a bool: %v", err)
 	}
 }
 

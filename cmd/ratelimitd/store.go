@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
@@ -77,7 +78,7 @@ func withGlobal(ctx context.Context, s *settings, opts redisstore.Options, m *al
 	}
 	opts.URL, opts.Password, opts.Mode = s.globalURL, "", ""
 	opts.Timeout = global.DefaultHomeTimeout
-	opts.ChargeJournal, opts.ChargeJournalAuto, opts.CarryIncumbent = false, false, false
+	opts.ChargeJournal, opts.ChargeJournalAuto, opts.CarryIncumbent, opts.GrantsOnly = false, false, false, true
 	home, err := openRedis(ctx, opts, "--global-redis-url", log)
 	if err != nil {
 		closeLocal()
@@ -117,15 +118,20 @@ func redisOptions(s *settings, tlsID *identity) (redisstore.Options, error) {
 // openRedis opens one store, named by flag in errors and logs; one that
 // does not answer yet is logged, not refused.
 func openRedis(ctx context.Context, opts redisstore.Options, flag string, log *slog.Logger) (*redisstore.Store, error) {
+	// Every line of the store names the Redis it is about.
+	opts.Logger = log.With("redis", flag)
 	rs, err := redisstore.New(opts)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
+	start := time.Now()
 	switch err := rs.Ping(ctx); {
 	case err != nil && flag == "--global-redis-url":
 		log.Warn("the home Redis does not answer yet; global checks beyond what is held follow --global-partition until it does", "redis", flag, "mode", rs.Mode(), "err", err)
+		rs.SayWhenAnswering(start)
 	case err != nil:
 		log.Warn("redis does not answer yet; answering by failure_mode until it does", "redis", flag, "mode", rs.Mode(), "err", err)
+		rs.SayWhenAnswering(start)
 	default:
 		log.Info("redis ready", "redis", flag, "mode", rs.Mode())
 	}

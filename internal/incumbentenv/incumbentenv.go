@@ -18,8 +18,9 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/incumbentstats"
 )
 
-// Assignment is a flag and the value a variable gives it.
-type Assignment struct{ Flag, Value string }
+// Assignment is a flag and the value a variable gives it: From names
+// the variable (or variables, "HOST and PORT") it came from, for errors.
+type Assignment struct{ Flag, Value, From string }
 
 // Result is what an environment maps to.
 type Result struct {
@@ -47,88 +48,15 @@ type Setting struct {
 	OK     []string // values that need no flag (Refuse applies to others)
 }
 
-// Settings are the incumbent's variables and what becomes of each. Those
-// read together (Redis address, runtime directory, listen addresses,
-// stats sinks, tracing) are handled in Envoyproxy; docs/migrating.md
-// lists them all.
-var Settings = []Setting{
-	{Name: "LOCAL_CACHE_SIZE_IN_BYTES", Flag: "local-cache-size"},
-	{Name: "CACHE_KEY_PREFIX", Flag: "key-prefix"},
-	{Name: "SHADOW_MODE", Flag: "shadow-mode"},
-	{Name: "MERGE_DOMAIN_CONFIG", Flag: "merge-domains"},
-	{Name: "NEAR_LIMIT_RATIO", Flag: "near-limit-ratio"},
-	{Name: "LOG_FORMAT", Flag: "log-format"},
-	{Name: "GRPC_SERVER_TLS_CERT", Flag: "grpc-tls-cert"},
-	{Name: "GRPC_SERVER_TLS_KEY", Flag: "grpc-tls-key"},
-	{Name: "GRPC_CLIENT_TLS_CACERT", Flag: "grpc-client-ca"},
-	{Name: "REDIS_TLS_CACERT", Flag: "redis-tls-ca"},
-	{Name: "REDIS_TLS_CLIENT_CERT", Flag: "redis-tls-cert"},
-	{Name: "REDIS_TLS_CLIENT_KEY", Flag: "redis-tls-key"},
-	{Name: "BACKEND_TYPE", OK: []string{"redis"}, Refuse: "ratelimitd keeps counters in Redis (or in process); there is no memcache backend"},
-	{Name: "CONFIG_TYPE", OK: []string{"FILE", "GRPC_XDS_SOTW"}, Refuse: "want FILE or GRPC_XDS_SOTW"},
-	{Name: "REDIS_SENTINEL_AUTH", Refuse: "sentinels that require a password are not supported"},
-	{Name: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", OK: []string{"false"}, Refuse: "ratelimitd always verifies Redis's certificate name"},
-	{Name: "GRPC_CLIENT_TLS_SAN", Refuse: "client certificates are verified against --grpc-client-ca, not a SAN"},
-	{Name: "GRPC_UDS", Refuse: "gRPC on a unix socket is not supported"},
-	{Name: "QUOTA_MODE", OK: []string{"false"}, Refuse: "global quota mode is not supported; set quota_mode on the rules"},
-	{Name: "LIMIT_LIMIT_HEADER", Flag: "response-header-limit"},
-	{Name: "LIMIT_REMAINING_HEADER", Flag: "response-header-remaining"},
-	{Name: "LIMIT_RESET_HEADER", Flag: "response-header-reset"},
-	{Name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Ignore: "a rejected request never consumes, always; a usage charge (hits stated at stream end, rejected_hits: usage) is recorded whatever the answer"},
-	{Name: "EXPIRATION_JITTER_MAX_SECONDS", Ignore: "keys expire at their window's end, set in the same script"},
-	{Name: "RESPONSE_DYNAMIC_METADATA", Flag: "response-dynamic-metadata"},
-	// Either value is honoured by what is always watched: a swap of
-	// the RUNTIME_ROOT symlink (true's reload) and every change in the
-	// config directory (false's).
-	{Name: "RUNTIME_WATCH_ROOT", OK: []string{"true", "false", "1", "0", "t", "f"}, Refuse: "want true or false"},
-	{Name: "RUNTIME_IGNOREDOTFILES", Ignore: "dot files are always skipped"},
-	{Name: "EXTRA_TAGS", Flag: "statsd-tags"},
-	{Name: "STATS_FLUSH_INTERVAL", Flag: "stats-flush-interval"},
-	{Name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", OK: []string{"false"}, Refuse: "the response time histogram is in seconds (the mapping's scale: 0.001), as the incumbent's default"},
-	{Name: "GRPC_SERVER_TLS_CA_CERT", Ignore: "not a variable envoyproxy/ratelimit reads (it verifies clients with GRPC_CLIENT_TLS_CACERT), so not one ratelimitd reads either"},
-	{Name: "REDIS_POOL_SIZE", Ignore: "one batching connection per Redis serves every request (--redis-dispatchers)"},
-	{Name: "REDIS_PIPELINE_WINDOW", Ignore: "requests are batched with no added wait"},
-	{Name: "REDIS_PIPELINE_LIMIT", Ignore: "requests are batched with no added wait"},
-	{Name: "REDIS_TIMEOUT", Flag: "redis-timeout"},
-	{Name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", Ignore: "calls are bounded by --redis-timeout"},
-	{Name: "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Ignore: "health stays SERVING and Redis failures answer by failure_mode"},
-	{Name: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Ignore: "the service serves only once it has valid rules, unless --xds-start-without-rules"},
-	{Name: "GRPC_MAX_CONNECTION_AGE", Ignore: "fixed at 24h"},
-	{Name: "GRPC_MAX_CONNECTION_AGE_GRACE", Ignore: "fixed at 1h"},
-	{Name: "TRACING_SERVICE_NAME", Flag: "tracing-service-name"},
-	{Name: "TRACING_SERVICE_NAMESPACE", Flag: "tracing-service-namespace"},
-	{Name: "TRACING_SERVICE_INSTANCE_ID", Flag: "tracing-service-instance-id"},
-	{Name: "TRACING_SAMPLING_RATE", Flag: "tracing-sampling-rate"},
-	{Name: "TRACING_EXPORTER_PROTOCOL", Flag: "tracing-protocol"},
-}
-
-// XDS are the incumbent's xDS variables, read when
-// CONFIG_TYPE=GRPC_XDS_SOTW, with the flags they set.
-var XDS = []Setting{
-	{Name: "CONFIG_GRPC_XDS_NODE_ID", Flag: "xds-node-id"},
-	{Name: "CONFIG_GRPC_XDS_NODE_METADATA", Flag: "xds-node-metadata"},
-	{Name: "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", Flag: "xds-headers"},
-	{Name: "CONFIG_GRPC_XDS_SERVER_USE_TLS", Flag: "xds-tls"},
-	{Name: "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Flag: "xds-tls-cert"},
-	{Name: "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Flag: "xds-tls-key"},
-	{Name: "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Flag: "xds-tls-ca"},
-	{Name: "CONFIG_GRPC_XDS_SERVER_TLS_SAN", Flag: "xds-tls-server-name"},
-	{Name: "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Flag: "xds-max-message-size"},
-	{Name: "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Flag: "xds-backoff-initial"},
-	{Name: "XDS_CLIENT_BACKOFF_MAX_INTERVAL", Flag: "xds-backoff-max"},
-	{Name: "FORCE_START_WITHOUT_INITIAL_CONFIG", Flag: "xds-start-without-rules"},
-	{Name: "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Ignore: "the wait is always jittered within its second half"},
-	{Name: "XDS_CLIENT_BACKOFF_JITTER", Ignore: "the wait is always jittered within its second half"},
-	{Name: "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Ignore: "reconnects follow --xds-backoff-initial and --xds-backoff-max"},
-}
-
 // mapper reads one environment into a Result.
 type mapper struct {
 	getenv func(string) string
 	res    Result
 }
 
-func (m *mapper) set(flag, v string) { m.res.Flags = append(m.res.Flags, Assignment{flag, v}) }
+func (m *mapper) set(from, flag, v string) {
+	m.res.Flags = append(m.res.Flags, Assignment{Flag: flag, Value: v, From: from})
+}
 
 func (m *mapper) ignore(name, why string) { m.res.Ignored = append(m.res.Ignored, name+": "+why) }
 
@@ -174,7 +102,7 @@ func (m *mapper) table(table []Setting) error {
 		switch {
 		case v == "":
 		case e.Flag != "":
-			m.set(e.Flag, v)
+			m.set(e.Name, e.Flag, v)
 		case e.Refuse != "" && !slices.ContainsFunc(e.OK, func(ok string) bool { return strings.EqualFold(ok, v) }):
 			return fmt.Errorf("%s=%q: %s", e.Name, v, e.Refuse)
 		case e.Ignore != "":
@@ -195,7 +123,7 @@ func (m *mapper) tracing() error {
 	}
 	proto := m.getenv("TRACING_EXPORTER_PROTOCOL")
 	if proto == "" {
-		m.set("tracing-protocol", "http")
+		m.set("TRACING_ENABLED", "tracing-protocol", "http")
 	}
 	endpoint := m.getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
 	switch {
@@ -205,7 +133,7 @@ func (m *mapper) tracing() error {
 	default:
 		endpoint = "localhost:4318"
 	}
-	m.set("tracing-endpoint", endpoint)
+	m.set("OTEL_EXPORTER_OTLP_ENDPOINT", "tracing-endpoint", endpoint)
 	return nil
 }
 
@@ -213,10 +141,10 @@ func (m *mapper) tracing() error {
 // form.
 func (m *mapper) misc() error {
 	if v := m.getenv("LOG_LEVEL"); v != "" {
-		m.set("log-level", strings.ToLower(v))
+		m.set("LOG_LEVEL", "log-level", strings.ToLower(v))
 	}
 	if m.isTrue("LIMIT_RESPONSE_HEADERS_ENABLED") {
-		m.set("response-headers", "legacy")
+		m.set("LIMIT_RESPONSE_HEADERS_ENABLED", "response-headers", "legacy")
 	}
 	if !m.isTrue("GRPC_SERVER_USE_TLS") && m.getenv("GRPC_SERVER_TLS_CERT") != "" {
 		return fmt.Errorf("GRPC_SERVER_TLS_CERT is set but GRPC_SERVER_USE_TLS is not true")
@@ -235,7 +163,10 @@ func (m *mapper) listen() error {
 		if p == "" {
 			return fmt.Errorf("%s is set without %s", l.host, l.port)
 		}
-		m.set(l.flag, net.JoinHostPort(h, p))
+		if n, err := strconv.Atoi(p); err != nil || n < 0 || n > 65535 {
+			return fmt.Errorf("%s=%q: want a port number (0-65535)", l.port, p)
+		}
+		m.set(l.host+" and "+l.port, l.flag, net.JoinHostPort(h, p))
 	}
 	return nil
 }
@@ -255,7 +186,7 @@ func (m *mapper) rules() error {
 			if app == "" {
 				app = "config"
 			}
-			m.set("config", filepath.Join(root, sub, app))
+			m.set("RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY", "config", filepath.Join(root, sub, app))
 		}
 		return nil
 	}
@@ -263,7 +194,7 @@ func (m *mapper) rules() error {
 	if server == "" {
 		server = "localhost:18000" // the incumbent's default
 	}
-	m.set("xds-server", server)
+	m.set("CONFIG_GRPC_XDS_SERVER_URL", "xds-server", server)
 	if err := m.table(XDS); err != nil {
 		return err
 	}
@@ -279,8 +210,8 @@ func (m *mapper) rules() error {
 func (m *mapper) redis() error {
 	u, mode, err := m.redisURL("REDIS_", false)
 	if err == nil && u != "" {
-		m.set("redis-url", u)
-		m.set("redis-mode", mode)
+		m.set("REDIS_URL", "redis-url", u)
+		m.set("REDIS_TYPE", "redis-mode", mode)
 	}
 	return err
 }
@@ -302,7 +233,7 @@ func (m *mapper) perSecond() error {
 	case pmode != mode:
 		return fmt.Errorf("REDIS_PERSECOND_TYPE %s differs from REDIS_TYPE %s: the per-second Redis takes the main one's mode", pmode, mode)
 	}
-	m.set("redis-persecond-url", pu)
+	m.set("REDIS_PERSECOND_URL", "redis-persecond-url", pu)
 	return nil
 }
 
@@ -337,22 +268,8 @@ func (m *mapper) redisURL(prefix string, withPassword bool) (string, string, err
 	}
 	switch strings.ToLower(m.getenv(prefix + "TYPE")) {
 	case "", "single":
-		if strings.Contains(raw, "://") {
-			// A URL as given, its credentials added only where it has
-			// none and a password is to go in.
-			if pass != "" && !strings.Contains(raw, "@") {
-				raw = strings.Replace(raw, "://", "://"+info, 1)
-			}
-			return raw, "single", nil
-		}
-		// The incumbent's default socket type is unix.
-		if st := strings.ToLower(m.getenv(prefix + "SOCKET_TYPE")); st == "" || st == "unix" {
-			if pass == "" {
-				info = ""
-			}
-			return "unix://" + info + raw, "single", nil
-		}
-		return scheme + "://" + info + raw, "single", nil
+		u, err := m.singleURL(prefix, raw, scheme, info, pass)
+		return u, "single", err
 	case "sentinel":
 		parts := strings.Split(raw, ",")
 		if len(parts) < 2 {
@@ -371,6 +288,32 @@ func (m *mapper) redisURL(prefix string, withPassword bool) (string, string, err
 		return scheme + "://" + info + parts[0] + addrs(parts[1:], "?"), "cluster", nil
 	}
 	return "", "", fmt.Errorf("%sTYPE %q: want SINGLE, SENTINEL or CLUSTER", prefix, m.getenv(prefix+"TYPE"))
+}
+
+// singleURL is redisURL's for a single Redis: raw as given when a URL, a
+// unix socket's (the incumbent's default socket type) or a host:port's.
+func (m *mapper) singleURL(prefix, raw, scheme, info, pass string) (string, error) {
+	if strings.Contains(raw, "://") {
+		// A URL as given, its credentials added only where it has none
+		// and a password is to go in.
+		if pass != "" && !strings.Contains(raw, "@") {
+			raw = strings.Replace(raw, "://", "://"+info, 1)
+		}
+		return raw, nil
+	}
+	st := strings.ToLower(m.getenv(prefix + "SOCKET_TYPE"))
+	if st != "" && st != "unix" {
+		return scheme + "://" + info + raw, nil
+	}
+	if _, port, err := net.SplitHostPort(raw); err == nil && st == "" && !strings.HasPrefix(raw, "/") {
+		if _, err := strconv.Atoi(port); err == nil {
+			return "", fmt.Errorf("%sURL=%q with %sSOCKET_TYPE unset names a unix socket (envoyproxy/ratelimit's default socket type); for a host:port set %sSOCKET_TYPE=tcp", prefix, raw, prefix, prefix)
+		}
+	}
+	if pass == "" {
+		info = ""
+	}
+	return "unix://" + info + raw, nil
 }
 
 // addrs is go-redis's addr= query parameters of hosts, the first after
@@ -421,12 +364,12 @@ func (m *mapper) stats() error {
 		if addr == "" {
 			addr = ":9090"
 		}
-		m.set("compat-metrics-addr", addr)
+		m.set("PROMETHEUS_ADDR", "compat-metrics-addr", addr)
 		if path := m.getenv("PROMETHEUS_PATH"); path != "" {
-			m.set("compat-metrics-path", path)
+			m.set("PROMETHEUS_PATH", "compat-metrics-path", path)
 		}
 		if f := m.getenv("PROMETHEUS_MAPPER_YAML"); f != "" {
-			m.set("compat-metrics-mapper", f)
+			m.set("PROMETHEUS_MAPPER_YAML", "compat-metrics-mapper", f)
 		}
 	}
 	return nil
@@ -441,13 +384,13 @@ func (m *mapper) statsd(dog bool) {
 	if port == "" {
 		port = "8125"
 	}
-	m.set("statsd-addr", net.JoinHostPort(host, port))
+	m.set("STATSD_HOST and STATSD_PORT", "statsd-addr", net.JoinHostPort(host, port))
 	if p := m.getenv("STATSD_PROTOCOL"); p != "" && !dog {
-		m.set("statsd-protocol", strings.ToLower(p))
+		m.set("STATSD_PROTOCOL", "statsd-protocol", strings.ToLower(p))
 	}
 	if dog {
-		m.set("dogstatsd", "true")
-		m.set("statsd-protocol", "udp")
+		m.set("USE_DOG_STATSD", "dogstatsd", "true")
+		m.set("USE_DOG_STATSD", "statsd-protocol", "udp")
 	}
 }
 

@@ -62,8 +62,12 @@ func TestEnvoyproxy(t *testing.T) {
 		"REDIS_TYPE":              {"REDIS_TYPE": "ring", "REDIS_URL": "h:1"},
 		"GRPC_PORT":               {"GRPC_HOST": "h"},
 		"USE_STATSD":              {"USE_STATSD": "maybe"},
-		"REDIS_PERSECOND_URL":     {"REDIS_PERSECOND": "true", "REDIS_URL": "h:1"},
+		"REDIS_PERSECOND_URL":     {"REDIS_PERSECOND": "true", "REDIS_URL": "h:1", "REDIS_SOCKET_TYPE": "tcp"},
 		"DOG_STATSD_MOGRIFIER_A_": {"USE_DOG_STATSD_MOGRIFIERS": "A"},
+		// A host:port with the socket type unset (the incumbent's
+		// default: unix) says to set it.
+		"REDIS_SOCKET_TYPE=tcp": {"REDIS_URL": "127.0.0.1:6379"},
+		"PORT=\"notaport\"":     {"PORT": "notaport"},
 	} {
 		if _, err := Envoyproxy(env(e)); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%v: %v, want an error naming %s", e, err, name)

@@ -29,13 +29,7 @@ const resp = 2
 // URL parsers, with every call bounded and no retries: a retry after a
 // timeout doubles the wait and may replay a script that already ran.
 func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *redis.ClusterClient, string, error) {
-	mode := opts.Mode
-	if mode == "" {
-		mode = ModeSingle
-		if u, err := url.Parse(opts.URL); err == nil && u.Query().Has("master_name") {
-			mode = ModeSentinel
-		}
-	}
+	mode := urlMode(opts.URL, opts.Mode)
 	switch mode {
 	case ModeSingle:
 		o, err := redis.ParseURL(opts.URL)
@@ -76,6 +70,33 @@ func newClient(opts Options, timeout time.Duration) (redis.UniversalClient, *red
 		return c, c, mode, nil
 	}
 	return nil, nil, "", fmt.Errorf("redisstore: mode %q: want single, sentinel or cluster", mode)
+}
+
+// urlMode is the mode a store on raw runs in: mode, else Sentinel when
+// the URL names a master, else single.
+func urlMode(raw, mode string) string {
+	if mode != "" {
+		return mode
+	}
+	if u, err := url.Parse(raw); err == nil && u.Query().Has("master_name") {
+		return ModeSentinel
+	}
+	return ModeSingle
+}
+
+// parseURL checks raw as newClient will parse it in mode, connecting to
+// nothing: the parser's error, unredacted.
+func parseURL(raw, mode string) error {
+	var err error
+	switch urlMode(raw, mode) {
+	case ModeSingle:
+		_, err = redis.ParseURL(raw)
+	case ModeSentinel:
+		_, err = redis.ParseFailoverURL(raw)
+	case ModeCluster:
+		_, err = redis.ParseClusterURL(raw)
+	}
+	return err
 }
 
 // common points at the settings every mode's go-redis options share.

@@ -311,3 +311,23 @@ func (j *journal) len() int {
 }
 
 func (j *journal) lenLocked() int { return len(j.entries) + len(j.redo) + len(j.unsure) }
+
+// startJournal starts the charge journal when opts ask for it (auto or
+// on), and says in the log whether charges are protected.
+func (s *Store) startJournal(opts Options) {
+	switch {
+	case opts.ChargeJournal || opts.ChargeJournalAuto:
+		s.journal, s.journalStop = newJournal(s, opts.JournalBytes), make(chan struct{})
+		master := "the master changes first (a Sentinel failover, a restart)"
+		if s.mode == ModeCluster {
+			master = "its slot's master changes first (a Cluster failover, a restart, a slot moved), each master confirmed by its own replica"
+		}
+		s.log.Info("charge journal on: each usage charge is kept until a replica acknowledges it (with no replica, until Redis records it) and applied again if "+master+
+			", one Redis could not take (down, hung, failing over) is kept and applied when it answers, one unanswered is sent again; each counts once (a mark beside its counter)",
+			"mode", s.mode, "max_bytes", s.journal.limit)
+		s.journalWG.Go(func() { s.journal.run(s.journalStop) })
+	case opts.GrantsOnly:
+	default:
+		s.log.Warn("charge journal off: usage charges are not protected: one a failover loses, or that comes while Redis cannot be reached, is lost", "mode", s.mode)
+	}
+}

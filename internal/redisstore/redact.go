@@ -75,12 +75,21 @@ func secrets(s string, whole bool) []string {
 
 // urlError wraps the parse error of a Redis URL without its secrets.
 func urlError(what, raw string, err error) error {
+	return &redactedError{msg: "redisstore: " + what + ": " + urlProblem(raw, err)}
+}
+
+// urlProblem is err, raw's parse error, redacted, and the URLs accepted.
+func urlProblem(raw string, err error) string {
 	msg := err.Error()
 	for _, secret := range secrets(raw, true) {
 		msg = strings.ReplaceAll(msg, secret, redacted)
 	}
-	return &redactedError{msg: "redisstore: " + what + ": " + Redact(msg)}
+	return Redact(msg) + "; " + urlForms
 }
+
+// urlForms says which Redis URLs are accepted, for a URL that is not one.
+const urlForms = "want redis://[user:password@]host:port[/db] (rediss:// for TLS, unix:///path for a socket); " +
+	"Sentinel: redis://sentinel:26379?master_name=NAME[&addr=sentinel2:26379]; Cluster: redis://node1:7000?addr=node2:7001"
 
 // redactedError is an error whose text has had its secrets removed; it
 // deliberately does not unwrap to the original, which holds them.

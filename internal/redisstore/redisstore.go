@@ -101,6 +101,10 @@ type Options struct {
 	ChargeJournal bool
 	// ChargeJournalAuto turns the journal on: it runs on every topology.
 	ChargeJournalAuto bool
+	// GrantsOnly says the store only takes and settles grants (a global
+	// limits' home, whose settles count once by their own marks): no
+	// journal, and no line about one.
+	GrantsOnly bool
 	// JournalBytes bounds the journal's memory; zero means
 	// DefaultJournalBytes. Past it the oldest charges are forgotten,
 	// counted.
@@ -125,6 +129,10 @@ func (o Options) Validate() error {
 		return fielderr.Errorf("redisstore", "JournalBytes", "%d: want positive", o.JournalBytes)
 	case (o.ClientCert != nil || o.RootCAs != nil) && o.URL != "" && !strings.HasPrefix(o.URL, "rediss://"):
 		return fielderr.Errorf("redisstore", "URL", "%s: TLS files need a rediss:// URL", Redact(o.URL))
+	case o.URL != "":
+		if err := parseURL(o.URL, o.Mode); err != nil {
+			return fielderr.Errorf("redisstore", "URL", "%q: %s", Redact(o.URL), urlProblem(o.URL, err))
+		}
 	}
 	return nil
 }
@@ -235,25 +243,6 @@ func (s *Store) newStoreBreaker(opts Options) *breaker {
 	})
 }
 
-// startJournal starts the charge journal when opts ask for it (auto or
-// on), and says in the log whether charges are protected.
-func (s *Store) startJournal(opts Options) {
-	switch {
-	case opts.ChargeJournal || opts.ChargeJournalAuto:
-		s.journal, s.journalStop = newJournal(s, opts.JournalBytes), make(chan struct{})
-		master := "the master changes first (a Sentinel failover, a restart)"
-		if s.mode == ModeCluster {
-			master = "its slot's master changes first (a Cluster failover, a restart, a slot moved), each master confirmed by its own replica"
-		}
-		s.log.Info("charge journal on: usage charges are protected: each is kept until a replica acknowledges it and applied again if "+master+
-			", one Redis could not take (down, hung, failing over) is kept and applied when it answers, one unanswered is sent again; each counts once (a mark beside its counter)",
-			"mode", s.mode, "max_bytes", s.journal.limit)
-		s.journalWG.Go(func() { s.journal.run(s.journalStop) })
-	default:
-		s.log.Warn("charge journal off: usage charges are not protected: one a failover loses, or that comes while Redis cannot be reached, is lost", "mode", s.mode)
-	}
-}
-
 // minBudget is the least time a call must have had for its timeout to
 // count against Redis.
 const minBudget = time.Millisecond
@@ -267,9 +256,33 @@ func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, max(s.timeout*4, time.Second))
 	defer cancel()
 	if err := s.probe(ctx); err != nil {
-		return fmt.Errorf("redisstore: %w: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return nil
+}
+
+// SayWhenAnswering logs, once Redis answers a ping (tried every half
+// second until the store closes), that it answers: a start that found it
+// not answering said so, and the operator must not be left to guess.
+func (s *Store) SayWhenAnswering(since time.Time) {
+	s.wg.Go(func() {
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.done:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), max(s.timeout, 100*time.Millisecond))
+			err := s.probe(ctx)
+			cancel()
+			if err == nil {
+				s.log.Info("redis answers now", "mode", s.mode, "after", time.Since(since).Round(time.Millisecond))
+				return
+			}
+		}
+	})
 }
 
 // Warm readies n connections for grants (the grant script loaded on

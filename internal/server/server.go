@@ -203,7 +203,7 @@ func (s *Server) Shutdown() {
 		s.grpc.Stop()
 		<-stopped
 	}
-	s.log.Info("stopped")
+	s.log.Info("serving stopped")
 }
 
 func (s *Server) serving() bool {
