@@ -18,14 +18,15 @@ import (
 // semanticOnly are bad files whose problem a schema cannot see; the
 // parser (and check-config) reports them.
 var semanticOnly = map[string]string{
-	"duplicate_key.bad.yaml":      "the same descriptor twice at one level",
-	"duplicate_key_only.bad.yaml": "the same key-only descriptor twice at one level",
-	"multi_doc.bad.yaml":          "an empty key in the second YAML document, past the one document a schema sees",
-	"replaces_self.bad.yaml":      "a limit replacing its own name",
-	"rejected_hits_rlqs.bad.yaml": "a usage budget in a domain with rlqs: a rule's field against the domain's",
-	"calendar_rlqs.bad.yaml":      "a calendar period in a domain with rlqs: a rule's field against the domain's",
-	"metadata_timestamp.bad.yaml": "a YAML timestamp in metadata, which a JSON view of the file reads as a string",
-	"metadata_large.bad.yaml":     "metadata over 16 KiB as a protobuf Struct: a size the schema does not measure",
+	"duplicate_key.bad.yaml":         "the same descriptor twice at one level",
+	"duplicate_key_only.bad.yaml":    "the same key-only descriptor twice at one level",
+	"multi_doc.bad.yaml":             "an empty key in the second YAML document, past the one document a schema sees",
+	"replaces_self.bad.yaml":         "a limit replacing its own name",
+	"rejected_hits_rlqs.bad.yaml":    "a usage budget in a domain with rlqs: a rule's field against the domain's",
+	"calendar_rlqs.bad.yaml":         "a calendar period in a domain with rlqs: a rule's field against the domain's",
+	"metadata_timestamp.bad.yaml":    "a YAML timestamp in metadata, which a JSON view of the file reads as a string",
+	"metadata_large.bad.yaml":        "metadata over 16 KiB as a protobuf Struct: a size the schema does not measure",
+	"duplicate_domain_docs.bad.yaml": "one domain in two YAML documents, past the one document a schema sees",
 }
 
 func compile(t *testing.T) *jsonschema.Schema {
