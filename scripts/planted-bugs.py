@@ -478,6 +478,7 @@ muts = [
     ("459 a fatal start's error plain text under --log-format json","cmd/ratelimitd/run.go","\tif err == nil || a.s.logFormat != \"json\" {","\tif err == nil || a.s.logFormat != \"xml\" {","./cmd/ratelimitd","TestLogEndsWithStopped"),
     ("460 digits past 64 bits read as a float","config/scalars.go","\tdigits := strings.TrimLeft(n.Value, \"+-\") != \"\"","\tdigits := false && strings.TrimLeft(n.Value, \"+-\") != \"\"","./config","TestBadConfigs"),
     ("461 the std value flags say nothing of what they take","cmd/ratelimitd/args.go","\t\tcase want != \"\":\n","\t\tcase want != \"\" && false:\n","./cmd/ratelimitd","TestEveryValueFlagSaysWhatItTakes"),
+    ("462 the house rules read no Lua file","internal/house/house_test.go","\t\tif !d.IsDir() && strings.HasSuffix(p, ext) {","\t\tif !d.IsDir() && strings.HasSuffix(p, ext) && ext != \".lua\" {","./internal/house","TestFileLength"),
 ]
 only = sys.argv[1:]
 missed = 0
