@@ -479,6 +479,9 @@ muts = [
     ("460 digits past 64 bits read as a float","config/scalars.go","\tdigits := strings.TrimLeft(n.Value, \"+-\") != \"\"","\tdigits := false && strings.TrimLeft(n.Value, \"+-\") != \"\"","./config","TestBadConfigs"),
     ("461 the std value flags say nothing of what they take","cmd/ratelimitd/args.go","\t\tcase want != \"\":\n","\t\tcase want != \"\" && false:\n","./cmd/ratelimitd","TestEveryValueFlagSaysWhatItTakes"),
     ("462 the house rules read no Lua file","internal/house/house_test.go","\t\tif !d.IsDir() && strings.HasSuffix(p, ext) {","\t\tif !d.IsDir() && strings.HasSuffix(p, ext) && ext != \".lua\" {","./internal/house","TestFileLength"),
+    ("463 held hits spent after their grant's window ended","internal/global/decide.go","\tif valid && e.avail >= hits {","\tif e.avail >= hits {","./internal/global","TestHeldHitsVoidAfterTheirWindow"),
+    ("464 a grant given back after 2 s unasked","internal/global/refill.go","\treturn max(5*time.Second, 4*s.opts.Refresh)","\treturn max(2*time.Second, 4*s.opts.Refresh)","./internal/global","TestGrantKeptWhileAskedEveryFewSeconds"),
+    ("465 a grant given back after one refresh unasked","internal/global/refill.go","\treturn max(5*time.Second, 4*s.opts.Refresh)","\treturn max(5*time.Second, s.opts.Refresh)","./internal/global","TestGrantKeptWhileAskedEveryFewSeconds"),
 ]
 only = sys.argv[1:]
 missed = 0

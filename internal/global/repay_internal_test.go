@@ -2,6 +2,7 @@ package global
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -241,5 +242,59 @@ func TestColdStreamsBounded(t *testing.T) {
 	e.expireFlights(later, flightTimeout(e.check.FlightS))
 	if !check(e.check) {
 		t.Errorf("a stream once the cold streams' %d ms passed: refused, want admitted", limit.ColdFlightMS)
+	}
+}
+
+// TestHeldHitsVoidAfterTheirWindow: hits held from a grant whose window
+// has ended, on this clock, are not spent by a request in the moments
+// before the background pass drops them: the next window's grants are
+// the limit's whole, and spending the last window's too would put the
+// regions together over it.
+func TestHeldHitsVoidAfterTheirWindow(t *testing.T) {
+	now := time.Now()
+	s, e := budgetEntry(now, 10, 1000)
+	e.usage = false
+	e.check.Usage = false
+	e.validTill = now.Add(-time.Millisecond) // the window ended a moment ago
+	c := e.check
+	c.Hits, c.Global = 1, true
+	p := plan{now: now, results: make([]limit.Result, 1)}
+	s.reserve(&p, []limit.Check{c}, 0)
+	if e.avail != 10 || !p.results[0].Over {
+		t.Errorf("a request after its grant's window ended: held %d (of 10), answer %+v; want nothing spent, refused", e.avail, p.results[0])
+	}
+	// Within the window, the same request is admitted from what is held.
+	e.validTill = now.Add(time.Minute)
+	p = plan{now: now, results: make([]limit.Result, 1)}
+	s.reserve(&p, []limit.Check{c}, 0)
+	if e.avail != 9 || p.results[0].Over {
+		t.Errorf("a request within its grant's window: held %d (of 10), answer %+v; want 9 left, admitted", e.avail, p.results[0])
+	}
+}
+
+// TestGrantKeptWhileAskedEveryFewSeconds: a counter's grant is given back
+// only once it has gone unasked for 5 s (or four refreshes, if longer): a
+// key asked every second or two keeps what it holds and its measured
+// demand, and is not made to wait for a draw again.
+func TestGrantKeptWhileAskedEveryFewSeconds(t *testing.T) {
+	for _, tt := range []struct {
+		refresh, unasked time.Duration
+		givenBack        bool
+	}{
+		{250 * time.Millisecond, 4900 * time.Millisecond, false},
+		{250 * time.Millisecond, 5100 * time.Millisecond, true},
+		{2 * time.Second, 7900 * time.Millisecond, false},
+		{2 * time.Second, 8100 * time.Millisecond, true},
+	} {
+		now := time.Now()
+		s, e := budgetEntry(now, 10, 1000)
+		s.opts.Refresh = tt.refresh
+		e.usage, e.check.Usage = false, false
+		e.lastUse = now.Add(-tt.unasked)
+		ops, _ := s.passOps(now, false)
+		back := slices.ContainsFunc(ops, func(op limit.GrantOp) bool { return op.GiveBack })
+		if back != tt.givenBack {
+			t.Errorf("refresh %v, unasked %v: given back %v, want %v", tt.refresh, tt.unasked, back, tt.givenBack)
+		}
 	}
 }
