@@ -482,6 +482,7 @@ muts = [
     ("463 held hits spent after their grant's window ended","internal/global/decide.go","\tif valid && e.avail >= hits {","\tif e.avail >= hits {","./internal/global","TestHeldHitsVoidAfterTheirWindow"),
     ("464 a grant given back after 2 s unasked","internal/global/refill.go","\treturn max(5*time.Second, 4*s.opts.Refresh)","\treturn max(2*time.Second, 4*s.opts.Refresh)","./internal/global","TestGrantKeptWhileAskedEveryFewSeconds"),
     ("465 a grant given back after one refresh unasked","internal/global/refill.go","\treturn max(5*time.Second, 4*s.opts.Refresh)","\treturn max(5*time.Second, s.opts.Refresh)","./internal/global","TestGrantKeptWhileAskedEveryFewSeconds"),
+    ("466 the YAML fault's line searched in files up to 64 KiB only","config/yamlerr.go","const maxBisectBytes = 1 << 20","const maxBisectBytes = 64 << 10","./config","TestYAMLErrorLineInALargeFile"),
 ]
 only = sys.argv[1:]
 missed = 0
