@@ -483,6 +483,7 @@ muts = [
     ("464 a grant given back after 2 s unasked","internal/global/refill.go","\treturn max(5*time.Second, 4*s.opts.Refresh)","\treturn max(2*time.Second, 4*s.opts.Refresh)","./internal/global","TestGrantKeptWhileAskedEveryFewSeconds"),
     ("465 a grant given back after one refresh unasked","internal/global/refill.go","\treturn max(5*time.Second, 4*s.opts.Refresh)","\treturn max(5*time.Second, s.opts.Refresh)","./internal/global","TestGrantKeptWhileAskedEveryFewSeconds"),
     ("466 the YAML fault's line searched in files up to 64 KiB only","config/yamlerr.go","const maxBisectBytes = 1 << 20","const maxBisectBytes = 64 << 10","./config","TestYAMLErrorLineInALargeFile"),
+    ("467 a plain charge (--budgets off) not journaled","internal/redisstore/journal.go","\treturn c.Charge() && (c.Kind == limit.ByHits || c.Kind == limit.PlainCharge)","\treturn c.Charge() && c.Kind == limit.ByHits","./internal/redisstore","TestChargesKeptThroughOutage"),
 ]
 only = sys.argv[1:]
 missed = 0

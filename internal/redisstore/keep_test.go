@@ -71,16 +71,22 @@ func TestChargesKeptThroughOutage(t *testing.T) {
 	link.Cut()
 	chargeKept(t, s, journalCharge("spend", 20))
 	chargeKept(t, s, journalCharge("spend", 30))
+	// A plain charge (--budgets off: a stream end's stated hits that
+	// teach nothing) is usage too: kept the same.
+	plain := journalCharge("plain-spend", 15)
+	plain.Kind = limit.PlainCharge
+	chargeKept(t, s, plain)
 	// A second's window, ended before Redis is back.
 	brief := limit.Check{Key: "brief", Limit: 1_000_000, WindowUS: 1e6, Hits: 9, Usage: true, FlightS: 300}
 	chargeKept(t, s, brief)
 	_, end := brief.Window(time.Now().UnixMicro())
 	time.Sleep(time.Until(time.UnixMicro(end)) + 100*time.Millisecond)
-	if n := journalOutcome(m, redisstore.JournalKept); n != 3 {
-		t.Fatalf("%d charges kept, want 3", n)
+	if n := journalOutcome(m, redisstore.JournalKept); n != 4 {
+		t.Fatalf("%d charges kept, want 4", n)
 	}
 	link.Restore(t)
 	waitCharged(t, s, "spend", 60)
+	waitCharged(t, s, "plain-spend", 15)
 	waitFor(t, 10*time.Second, "the journal settled", func() bool { return testutil.ToFloat64(m.JournalPending) == 0 })
 	if got, err := charged(t, s, "spend"); err != nil || got != 60 {
 		t.Fatalf("the budget counts %d (%v) once settled, want 60: a kept charge applied twice", got, err)
