@@ -484,6 +484,7 @@ muts = [
     ("465 a grant given back after one refresh unasked","internal/global/refill.go","\treturn max(5*time.Second, 4*s.opts.Refresh)","\treturn max(5*time.Second, s.opts.Refresh)","./internal/global","TestGrantKeptWhileAskedEveryFewSeconds"),
     ("466 the YAML fault's line searched in files up to 64 KiB only","config/yamlerr.go","const maxBisectBytes = 1 << 20","const maxBisectBytes = 64 << 10","./config","TestYAMLErrorLineInALargeFile"),
     ("467 a plain charge (--budgets off) not journaled","internal/redisstore/journal.go","\treturn c.Charge() && (c.Kind == limit.ByHits || c.Kind == limit.PlainCharge)","\treturn c.Charge() && c.Kind == limit.ByHits","./internal/redisstore","TestChargesKeptThroughOutage"),
+    ("468 --budgets off: two kinds of usage call on one counter merge into a budget's charge","internal/service/checks.go","\t\tif s.opts.NoBudgets {\n\t\t\tch.Kind = limit.PlainCharge","\t\tif false {\n\t\t\tch.Kind = limit.PlainCharge","./internal/service","TestBudgetsOffMergesToPlainCharge"),
 ]
 only = sys.argv[1:]
 missed = 0

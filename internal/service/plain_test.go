@@ -1,7 +1,10 @@
 package service_test
 
 import (
+	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -9,6 +12,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/limit"
+	"github.com/ratelimitd/ratelimitd/internal/memstore"
 	"github.com/ratelimitd/ratelimitd/internal/service"
 )
 
@@ -310,4 +315,36 @@ func TestQuotaFirstWave(t *testing.T) {
 			t.Fatalf("%d budget checks admitted after the first charge, want 18 (the first wave's 15 streams in flight)", admitted)
 		}
 	})
+}
+
+// kindsStore records the checks each Evaluate is given.
+type kindsStore struct {
+	service.Store
+	mu     sync.Mutex
+	checks [][]limit.Check
+}
+
+func (k *kindsStore) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Result, error) {
+	k.mu.Lock()
+	k.checks = append(k.checks, slices.Clone(checks))
+	k.mu.Unlock()
+	return k.Store.Evaluate(ctx, checks)
+}
+
+// TestBudgetsOffMergesToPlainCharge: under --budgets off, a stream end
+// stating hits on a counter beside another call on the same counter is
+// one plain charge (it teaches nothing and ends no flight), never a
+// budget's charge: the two kinds merge into limit.PlainCharge.
+func TestBudgetsOffMergesToPlainCharge(t *testing.T) {
+	st := &kindsStore{Store: memstore.New(memstore.Options{})}
+	s := service.New(parseRules(t, plainShapes), st, nil, service.Options{NoBudgets: true})
+	call(t, s, aiRequest(tokens(6, "quota", "m"), tokens(0, "quota", "m")))
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.checks) != 1 || len(st.checks[0]) != 1 {
+		t.Fatalf("checks sent: %+v, want one call of one check (the counter's)", st.checks)
+	}
+	if c := st.checks[0][0]; !c.Usage || c.Kind != limit.PlainCharge || c.Hits != 6 {
+		t.Errorf("merged check %+v, want a usage charge of 6 of kind PlainCharge (%d)", c, limit.PlainCharge)
+	}
 }
