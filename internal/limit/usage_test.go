@@ -367,3 +367,27 @@ func TestGiveBackLeavesFlight(t *testing.T) {
 		}
 	})
 }
+
+// TestPairedFlightsShortenOnceLearned: a paired counter's checks stay in
+// flight twice the learned stream duration, as an unpaired one's, until
+// AvgCharges pairs have ended (its first charges are its shortest
+// streams); only then 1.25 times the longest stream's own.
+func TestPairedFlightsShortenOnceLearned(t *testing.T) {
+	c := Check{Key: "b", Limit: 1000, WindowUS: 3600e6, Usage: true, FlightS: 300, PairID: "r1"}
+	for _, tt := range []struct {
+		charges uint64
+		pair    string
+		want    int64
+	}{
+		{1, "r1", 2000},
+		{AvgCharges - 1, "r1", 2000},
+		{AvgCharges, "r1", 1250},
+		{AvgCharges, "", 2000},
+	} {
+		c.PairID = tt.pair
+		st := &State{DurMS: 1000, Charges: tt.charges}
+		if got := FlightMS(&c, st); got != tt.want {
+			t.Errorf("paired %q, %d charges, streams of 1 s: in flight %d ms, want %d", tt.pair, tt.charges, got, tt.want)
+		}
+	}
+}
