@@ -487,6 +487,7 @@ muts = [
     ("468 --budgets off: two kinds of usage call on one counter merge into a budget's charge","internal/service/checks.go","\t\tif s.opts.NoBudgets {\n\t\t\tch.Kind = limit.PlainCharge","\t\tif false {\n\t\t\tch.Kind = limit.PlainCharge","./internal/service","TestBudgetsOffMergesToPlainCharge"),
     ("469 a paired counter's flights shorten from its first paired charge","internal/limit/budget.go","\t\tif c.PairID != \"\" && st.Charges >= AvgCharges {","\t\tif c.PairID != \"\" {","./internal/limit","TestPairedFlightsShortenOnceLearned"),
     ("470 the script's paired flights shorten from the first paired charge","internal/redisstore/scripts/decide_budget.lua","    if pair and ak >= AVG_CHARGES then d = math.max(dur + idiv(dur, 4), MIN_FLIGHT) end","    if pair then d = math.max(dur + idiv(dur, 4), MIN_FLIGHT) end","./internal/redisstore","TestBudgetMatchesMemstore|TestBudgetFlightsMatchMemstore|TestPaired"),
+    ("471 a queued call past its store deadline sent anyway","internal/redisstore/batch.go","\t\tif err == nil && !c.deadline.After(now) {","\t\tif false && !c.deadline.After(now) {","./internal/redisstore","TestQueuedCallPastItsStoreDeadlineNotSent"),
 ]
 only = sys.argv[1:]
 missed = 0
