@@ -154,3 +154,46 @@ func TestKeptChargesMarked(t *testing.T) {
 		t.Errorf("two charges with one mark: %s bit %d", kept[0].check.MarkKey, kept[0].check.MarkOff)
 	}
 }
+
+// TestCloseConfirmsRecordedCharges: a store closing with only recorded,
+// unconfirmed charges (none left to apply) still runs a last round, so
+// the charges its replica already has are confirmed, not reported
+// abandoned at every shutdown.
+func TestCloseConfirmsRecordedCharges(t *testing.T) {
+	st := redistest.StartSentinel(t)
+	m := NewMetrics(prometheus.NewRegistry())
+	s, err := New(Options{URL: st.Master.URL(), Timeout: time.Second, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A journal no goroutine runs: only close's rounds confirm.
+	s.journal, s.journalStop = newJournal(s, 0), make(chan struct{})
+	charge := limit.Check{Key: "spend", Limit: 1_000_000, WindowUS: 24 * 3600e6, Hits: 5, Usage: true, FlightS: 300}
+	if _, err := s.Evaluate(context.Background(), []limit.Check{charge}); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.journal.len(); n != 1 {
+		t.Fatalf("%d charges in the journal, want the one recorded", n)
+	}
+	// The replica has it (its offset reaches the master's): the round's
+	// WAIT is answered at once, however busy the machine.
+	ctx := context.Background()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mi, _ := st.Master.Client().Info(ctx, "replication").Result()
+		ri, _ := st.Replica.Client().Info(ctx, "replication").Result()
+		if off := infoField(mi, "master_repl_offset"); off != "" && off == infoField(ri, "slave_repl_offset") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replica not in sync after 20s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.Close()
+	confirmed := testutil.ToFloat64(m.JournalCharges.WithLabelValues(JournalConfirmed))
+	abandoned := testutil.ToFloat64(m.JournalCharges.WithLabelValues(JournalAbandoned))
+	if confirmed != 1 || abandoned != 0 {
+		t.Errorf("at close: %v confirmed, %v abandoned; want 1 and 0 (the replica has it)", confirmed, abandoned)
+	}
+}
