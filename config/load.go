@@ -148,7 +148,7 @@ func LoadDocs(ctx context.Context, opts Options, docs []Doc) (*Snapshot, error) 
 			if prev, dup := snap.domains[d.Name]; dup {
 				if !opts.MergeDomains {
 					errs = append(errs, &Error{File: doc.Name, Line: d.Line,
-						Msg: fmt.Sprintf("duplicate domain %q (already defined at %s; --merge-domains merges them)", d.Name, where(prev.File, prev.Line))})
+						Msg: fmt.Sprintf("duplicate domain %q (already defined %s; --merge-domains merges them)", d.Name, where(prev.File, prev.Line))})
 					continue
 				}
 				errs = append(errs, prev.merge(d)...)
@@ -257,10 +257,11 @@ func listFiles(paths []string) ([]string, error) {
 	return files, nil
 }
 
-// where is file:line, or file when the line is not known.
+// where is "at file:line", or "in file" when the line is not known (a
+// rendered resource).
 func where(file string, line int) string {
 	if line > 0 {
-		return fmt.Sprintf("%s:%d", file, line)
+		return fmt.Sprintf("at %s:%d", file, line)
 	}
-	return file
+	return "in " + file
 }
