@@ -362,8 +362,13 @@ func TestBudgetPartitionShare(t *testing.T) {
 	})
 	eventually("a check admitted from the home again", func() bool { return !decide(budgetCheck(key, lim, 0, limit.ByHits)).Over })
 	w.close()
-	if n := homeCount(t, w, key); n != 250 {
-		t.Errorf("the home counts %d; want the 250 charged", n)
+	// Exactly the charges, but for hits drawn that the home may have
+	// counted without this store knowing: a draw unanswered within the
+	// home's timeout, or a give-back at close unanswered (0 on a quiet
+	// machine; a busy one may pass the 100 ms timeout).
+	unsure := uint64(testutil.ToFloat64(m.Hits.WithLabelValues("unanswered")) + testutil.ToFloat64(m.Hits.WithLabelValues("lost")))
+	if n := homeCount(t, w, key); n < 250 || n > 250+unsure {
+		t.Errorf("the home counts %d; want the 250 charged (and at most %d drawn but unanswered)", n, unsure)
 	}
 }
 
