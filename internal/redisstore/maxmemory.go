@@ -12,7 +12,16 @@ import (
 // here carries a TTL, the volatile-* policies evict them too — which
 // resets a client's limit.
 func (s *Store) watchPolicy(every time.Duration) {
-	t := time.NewTimer(0)
+	s.repeat(0, every, func() bool {
+		s.checkPolicy()
+		return false
+	})
+}
+
+// repeat runs f after first, then every interval, until f reports it is
+// done or the store closes.
+func (s *Store) repeat(first, every time.Duration, f func() (done bool)) {
+	t := time.NewTimer(first)
 	defer t.Stop()
 	for {
 		select {
@@ -20,7 +29,9 @@ func (s *Store) watchPolicy(every time.Duration) {
 			return
 		case <-t.C:
 		}
-		s.checkPolicy()
+		if f() {
+			return
+		}
 		t.Reset(every)
 	}
 }

@@ -265,23 +265,17 @@ func (s *Store) Ping(ctx context.Context) error {
 // second until the store closes), that it answers: a start that found it
 // not answering said so, and the operator must not be left to guess.
 func (s *Store) SayWhenAnswering(since time.Time) {
+	const every = 500 * time.Millisecond
 	s.wg.Go(func() {
-		t := time.NewTicker(500 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.done:
-				return
-			case <-t.C:
-			}
+		s.repeat(every, every, func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), max(s.timeout, 100*time.Millisecond))
-			err := s.probe(ctx)
-			cancel()
-			if err == nil {
-				s.log.Info("redis answers now", "mode", s.mode, "after", time.Since(since).Round(time.Millisecond))
-				return
+			defer cancel()
+			if s.probe(ctx) != nil {
+				return false
 			}
-		}
+			s.log.Info("redis answers now", "mode", s.mode, "after", time.Since(since).Round(time.Millisecond))
+			return true
+		})
 	})
 }
 
