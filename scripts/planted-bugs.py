@@ -489,6 +489,7 @@ muts = [
     ("470 the script's paired flights shorten from the first paired charge","internal/redisstore/scripts/decide_budget.lua","    if pair and ak >= AVG_CHARGES then d = math.max(dur + idiv(dur, 4), MIN_FLIGHT) end","    if pair then d = math.max(dur + idiv(dur, 4), MIN_FLIGHT) end","./internal/redisstore","TestBudgetMatchesMemstore|TestBudgetFlightsMatchMemstore|TestPaired"),
     ("471 a queued call past its store deadline sent anyway","internal/redisstore/batch.go","\t\tif err == nil && !c.deadline.After(now) {","\t\tif false && !c.deadline.After(now) {","./internal/redisstore","TestQueuedCallPastItsStoreDeadlineNotSent"),
     ("472 no last round at close when nothing is left to apply","internal/redisstore/journal_round.go","\t\tif n == 0 || !first && (toApply == 0 || !time.Now().Before(deadline)) {","\t\tif n == 0 || toApply == 0 || !first && !time.Now().Before(deadline) {","./internal/redisstore","TestCloseConfirmsRecordedCharges"),
+    ("473 an unanswered lease give-back held again","internal/lease/refill.go","\t\t\t\tl.m.LeaseLost(ops[i].Check.Hits)\n","\t\t\t\tg.avail += ops[i].Check.Hits\n","./internal/lease","TestLeaseLostGiveBackNotKept"),
 ]
 only = sys.argv[1:]
 missed = 0

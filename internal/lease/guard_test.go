@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -165,5 +166,49 @@ func TestLeaseIdleForgotten(t *testing.T) {
 	s.leases.pass(false)
 	if n := len(s.leases.entries); n != 0 {
 		t.Errorf("%d counters still in the lease map after they went idle", n)
+	}
+}
+
+// lostGiveBacks is a Backend whose give-backs run in Redis but answer an
+// error, as a call that timed out after it was sent.
+type lostGiveBacks struct{ Backend }
+
+func (b lostGiveBacks) GrantWithin(ctx context.Context, ops []limit.GrantOp) ([]limit.GrantResult, error) {
+	out, err := b.Backend.GrantWithin(ctx, ops)
+	for _, op := range ops {
+		if op.GiveBack {
+			return nil, errors.New("i/o timeout")
+		}
+	}
+	return out, err
+}
+
+// TestLeaseLostGiveBackNotKept: an idle counter's give-back whose answer
+// is lost may have run, so its hits are not held again (they would be
+// admitted twice: from the grant and from Redis) but counted lost; the
+// window admits at most its limit.
+func TestLeaseLostGiveBackNotKept(t *testing.T) {
+	srv := redistest.Start(t)
+	s, m, clock := scriptedLeases(t, srv, time.Now().Truncate(time.Hour).UnixMicro()+1e6)
+	s.leases.b = lostGiveBacks{s.leases.b}
+	c := limit.Check{Key: "lost", Limit: 100, WindowUS: 3600e6, Hits: 1, Lease: true}
+	const keep = 5
+	n := 1
+	admitOne(t, s, c)
+	g := s.leases.entries[c.Key]
+	g.Rate = 5000
+	s.leases.pass(false)
+	for g.avail > keep {
+		admitOne(t, s, c)
+		n++
+	}
+	clock.Add(2e6) // idle: the 5 held go back, the answer lost
+	s.leases.pass(false)
+	n += window(t, s, c)
+	if n > int(c.Limit) {
+		t.Errorf("%d admitted on a limit of %d: a give-back whose answer was lost was held again", n, c.Limit)
+	}
+	if lost := hits(m, "lost"); lost != keep {
+		t.Errorf("%d hits counted lost, want the %d of the unanswered give-back", lost, keep)
 	}
 }

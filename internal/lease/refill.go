@@ -64,11 +64,10 @@ func (l *leases) pass(all bool) {
 		switch {
 		case err != nil:
 			if ops[i].GiveBack {
-				if all {
-					l.m.LeaseLost(ops[i].Check.Hits)
-				} else {
-					g.avail += ops[i].Check.Hits // the next pass tries again
-				}
+				// The call may have run with its answer lost (a timeout
+				// on a starved machine): held again, the hits would be
+				// back in Redis as well and admitted twice.
+				l.m.LeaseLost(ops[i].Check.Hits)
 			}
 		case ops[i].GiveBack:
 			// What did not go back (its window ended meanwhile) is lost.

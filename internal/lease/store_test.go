@@ -41,9 +41,15 @@ func leaseStore(t *testing.T, srv *redistest.Server, interval time.Duration, clo
 // that the test runs its passes itself.
 func scriptedLeases(t *testing.T, srv *redistest.Server, startUS int64) (*Store, *Metrics, *atomic.Int64) {
 	t.Helper()
+	return scriptedLeasesEvery(t, srv, startUS, 100*time.Millisecond)
+}
+
+// scriptedLeasesEvery is scriptedLeases with leases every interval.
+func scriptedLeasesEvery(t *testing.T, srv *redistest.Server, startUS int64, interval time.Duration) (*Store, *Metrics, *atomic.Int64) {
+	t.Helper()
 	clock := new(atomic.Int64)
 	clock.Store(startUS)
-	s, m := leaseStore(t, srv, 100*time.Millisecond, func() time.Time { return time.UnixMicro(clock.Load()) })
+	s, m := leaseStore(t, srv, interval, func() time.Time { return time.UnixMicro(clock.Load()) })
 	manual(s)
 	return s, m, clock
 }
@@ -182,20 +188,27 @@ func TestLeaseMixedRejected(t *testing.T) {
 // exactly what one without admits for fixed windows, and for the others
 // (one descriptor per request) admits as many hits, give or take the
 // hits it reports lost or given back.
+//
+// Time is slowed down scale times (windows, steps, the lease interval
+// and rates alike): Redis expires a key on its own clock, by the TTL set
+// from the scripted one, so a window must outlast the real time its
+// requests take on a starved machine (a 10 s window expired mid-window
+// under STARVE=4 and the leased key started afresh).
 func TestLeaseDifferential(t *testing.T) {
+	const scale = 60
 	srv := redistest.Start(t)
 	for run, algo := range []limit.Algorithm{limit.FixedWindow, limit.SlidingWindow, limit.TokenBucket} {
 		t.Run(algo.String(), func(t *testing.T) {
 			// A fixed start, so that a failure repeats (keys of their own:
 			// the counters of an earlier run would be in the future).
-			leased, m, clock := scriptedLeases(t, srv, 1_800_000_000_000_000+int64(run)*3_700_000_000)
+			leased, m, clock := scriptedLeasesEvery(t, srv, 1_800_000_000_000_000+int64(run)*3_700_000_000*scale, scale*100*time.Millisecond)
 			plain, _ := leaseStore(t, srv, -1, func() time.Time { return time.UnixMicro(clock.Load()) })
 			rng := rand.New(rand.NewPCG(uint64(algo), 9))
-			rules := []limit.Check{{Limit: 50, WindowUS: 1e6}, {Limit: 300, WindowUS: 10e6}, {Limit: 7, WindowUS: 2e6}}
+			rules := []limit.Check{{Limit: 50, WindowUS: scale * 1e6}, {Limit: 300, WindowUS: scale * 10e6}, {Limit: 7, WindowUS: scale * 2e6}}
 			differ := 0
 			var hitsLeased, hitsPlain int64 // admitted hits
 			for i := range 6000 {
-				clock.Add(rng.Int64N(3000))
+				clock.Add(scale * rng.Int64N(3000))
 				var req []limit.Check
 				// Two descriptors and several hits only on fixed windows:
 				// elsewhere a hit lost at a window's end moves later
@@ -222,7 +235,7 @@ func TestLeaseDifferential(t *testing.T) {
 				if rng.IntN(40) == 0 {
 					leased.leases.mu.Lock()
 					for _, g := range leased.leases.entries {
-						g.Rate = float64(200 + rng.IntN(2000))
+						g.Rate = float64(200+rng.IntN(2000)) / scale
 					}
 					leased.leases.mu.Unlock()
 					leased.leases.pass(false)
