@@ -490,6 +490,7 @@ muts = [
     ("471 a queued call past its store deadline sent anyway","internal/redisstore/batch.go","\t\tif err == nil && !c.deadline.After(now) {","\t\tif false && !c.deadline.After(now) {","./internal/redisstore","TestQueuedCallPastItsStoreDeadlineNotSent"),
     ("472 no last round at close when nothing is left to apply","internal/redisstore/journal_round.go","\t\tif n == 0 || !first && (toApply == 0 || !time.Now().Before(deadline)) {","\t\tif n == 0 || toApply == 0 || !first && !time.Now().Before(deadline) {","./internal/redisstore","TestCloseConfirmsRecordedCharges"),
     ("473 an unanswered lease give-back held again","internal/lease/refill.go","\t\t\t\tl.m.LeaseLost(ops[i].Check.Hits)\n","\t\t\t\tg.avail += ops[i].Check.Hits\n","./internal/lease","TestLeaseLostGiveBackNotKept"),
+    ("474 a lease refill waits no longer than a request","internal/lease/refill.go","max(l.timeout, 2*l.interval))","l.timeout/25)","./cmd/ratelimitd","TestLeaseUseWhenCrowded"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/internal/redisstore/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/starve"
+)
+
+// TestLeaseUseWhenCrowded: three instances with the default flags share
+// a leased counter of 300 a second, offered four times that (paced) on a
+// machine kept busy by two loops a core: every window admits at least
+// 97 % of its limit (291). Hits drawn into a grant and not used before
+// the window ends are lost to every instance; a starved instance must
+// still spend what it draws. (That no window admits more than its limit
+// is TestLeasePausedHolders', under pauses too.)
+func TestLeaseUseWhenCrowded(t *testing.T) {
+	srv := redistest.Start(t)
+	const lim, windows = 300, 4
+	rules := writeRules(t, fmt.Sprintf(`domain: crowd
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: %d, lease: true}
+`, lim))
+	starve.Loops(t, 2*runtime.NumCPU())
+	var clients []rlsv3.RateLimitServiceClient
+	for range 3 {
+		in := start(t, env(nil), "--config", rules, "--redis-url", srv.URL())
+		clients = append(clients, rlsv3.NewRateLimitServiceClient(dial(t, in.grpcAddr)))
+	}
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
+	first := time.Now().Unix() + 1
+	end := time.Now().Add((windows + 1) * time.Second)
+	var mu sync.Mutex
+	admitted, asked, failed := map[int64]int{}, map[int64]int{}, 0
+	var wg sync.WaitGroup
+	const callers = 8
+	every := time.Second * time.Duration(len(clients)*callers) / (4 * lim)
+	for _, c := range clients {
+		for range callers {
+			wg.Go(func() {
+				next := time.Now()
+				for time.Now().Before(end) {
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					r, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "crowd", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}})
+					cancel()
+					w := time.Now().Unix()
+					mu.Lock()
+					asked[w]++
+					if err != nil {
+						failed++
+					} else if r.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+						admitted[w]++
+					}
+					mu.Unlock()
+					next = next.Add(every)
+					if d := time.Until(next); d > 0 {
+						time.Sleep(d)
+					} else {
+						next = time.Now()
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	var got []string
+	for w := first; w < first+windows; w++ {
+		got = append(got, fmt.Sprintf("%d of %d", admitted[w], asked[w]))
+		if asked[w] < 2*lim {
+			t.Fatalf("window %d asked %d: the machine sent under twice the limit, the test measures nothing", w-first, asked[w])
+		}
+		if admitted[w] < lim*97/100 {
+			t.Errorf("window %d admitted %d of %d asked: under 97 %% of the limit %d", w-first, admitted[w], asked[w], lim)
+		}
+	}
+	t.Logf("admitted per window: %s; %d calls failed", strings.Join(got, ", "), failed)
+}
