@@ -491,6 +491,7 @@ muts = [
     ("472 no last round at close when nothing is left to apply","internal/redisstore/journal_round.go","\t\tif n == 0 || !first && (toApply == 0 || !time.Now().Before(deadline)) {","\t\tif n == 0 || toApply == 0 || !first && !time.Now().Before(deadline) {","./internal/redisstore","TestCloseConfirmsRecordedCharges"),
     ("473 an unanswered lease give-back held again","internal/lease/refill.go","\t\t\t\tl.m.LeaseLost(ops[i].Check.Hits)\n","\t\t\t\tg.avail += ops[i].Check.Hits\n","./internal/lease","TestLeaseLostGiveBackNotKept"),
     ("474 a lease refill waits no longer than a request","internal/lease/refill.go","max(l.timeout, 2*l.interval))","l.timeout/25)","./cmd/ratelimitd","TestLeaseUseWhenCrowded"),
+    ("475 an open breaker lets a trial call through every 10 ms","internal/redisstore/breaker.go","\ttrialEvery = time.Second\n","\ttrialEvery = 10 * time.Millisecond\n","./cmd/ratelimitd","TestRedisPausedUnderLoad"),
 ]
 only = sys.argv[1:]
 missed = 0
