@@ -492,6 +492,9 @@ muts = [
     ("473 an unanswered lease give-back held again","internal/lease/refill.go","\t\t\t\tl.m.LeaseLost(ops[i].Check.Hits)\n","\t\t\t\tg.avail += ops[i].Check.Hits\n","./internal/lease","TestLeaseLostGiveBackNotKept"),
     ("474 a lease refill waits no longer than a request","internal/lease/refill.go","max(l.timeout, 2*l.interval))","l.timeout/25)","./cmd/ratelimitd","TestLeaseUseWhenCrowded"),
     ("475 an open breaker lets a trial call through every 10 ms","internal/redisstore/breaker.go","\ttrialEvery = time.Second\n","\ttrialEvery = 10 * time.Millisecond\n","./cmd/ratelimitd","TestRedisPausedUnderLoad"),
+    ("476 a waiting request counted as demand again","internal/global/decide.go","\t\te.waiting += c.hits\n","\t\te.waiting += c.hits\n\t\te.Asked += c.hits\n","./internal/global","TestNewKeyDrawsWhatItAsks"),
+    ("477 a new counter's rate taken from one hit","internal/global/refill.go","if e.Rate > 0 || e.Asked >= firstRateHits || now.Sub(e.From) >= time.Second {","if true {","./internal/global","TestNewKeyDrawsWhatItAsks"),
+    ("478 a request decided again after its wait counted again","internal/global/decide.go","\tif !p.again {\n\t\te.Asked += hits\n","\tif true {\n\t\te.Asked += hits\n","./internal/global","TestNewKeyDrawsWhatItAsks"),
 ]
 only = sys.argv[1:]
 missed = 0

@@ -20,6 +20,9 @@ type plan struct {
 	idx     []int
 	refused bool // a global check is short: the request is refused
 	short   bool // a grant is short, or soon will be: wake the refiller
+	// again: decided again after waiting for a draw; its demand was
+	// counted the first time.
+	again bool
 	// cold are the global checks refused only for want of hits held,
 	// on counters whose home may have room: with mayWait, the request
 	// waits for a draw made on their behalf (coldWait).
@@ -79,7 +82,7 @@ func (s *Store) Evaluate(ctx context.Context, checks []limit.Check) ([]limit.Res
 // way when it came, whose size did not count it (the rest of a burst on
 // a key asked for the first time), then its own.
 func (s *Store) evaluate(ctx context.Context, checks []limit.Check, until time.Time) ([]limit.Result, error) {
-	p := plan{results: make([]limit.Result, len(checks)), mayWait: until.IsZero() || time.Now().Before(until)}
+	p := plan{results: make([]limit.Result, len(checks)), mayWait: until.IsZero() || time.Now().Before(until), again: !until.IsZero()}
 	s.mu.Lock()
 	p.now = s.now()
 	if at, ok := ctx.Value(decidedAtKey{}).(*time.Time); ok {
@@ -196,7 +199,9 @@ func (s *Store) reserve(p *plan, checks []limit.Check, i int) {
 		p.results[i] = s.answer(e, p.now)
 		return
 	}
-	e.Asked += hits
+	if !p.again {
+		e.Asked += hits
+	}
 	if valid && e.avail >= hits {
 		e.avail -= hits
 		e.used += hits
@@ -263,7 +268,6 @@ func (s *Store) awaitDraws(cold []coldCheck) []chan struct{} {
 	for _, c := range cold {
 		e := c.e
 		e.waiting += c.hits
-		e.Asked += c.hits
 		if e.drawn == nil {
 			e.drawn = make(chan struct{})
 		}
@@ -357,7 +361,9 @@ func (s *Store) shareCheck(c *limit.Check) limit.Check {
 func (s *Store) budgetCheck(p *plan, i int, c *limit.Check, e *entry, valid bool) {
 	e.usage = true
 	est, cost := e.hold(), c.SaturatedHits() // cost: a request phase's stated 1
-	e.Asked += est + cost
+	if !p.again {
+		e.Asked += est + cost
+	}
 	var held uint64
 	if valid {
 		// Charges beyond their holds are paid before another stream

@@ -234,7 +234,9 @@ func (e *entry) giveBack(k uint64) limit.GrantOp {
 // expired (closing, all of them), and what it holds dropped once its
 // window has ended. Called with mu held.
 func (s *Store) age(e *entry, now time.Time, all bool) {
-	e.Measure(now, s.opts.Refresh/4)
+	if e.Rate > 0 || e.Asked >= firstRateHits || now.Sub(e.From) >= time.Second {
+		e.Measure(now, s.opts.Refresh/4)
+	}
 	if all {
 		// Closing: the streams in flight end at other instances, which
 		// pay their charges; what they held here goes back.
@@ -291,6 +293,13 @@ func (s *Store) repayable(e *entry, now time.Time) bool {
 	return e.inForce(d) && now.Sub(d.at) < repayWithin*s.opts.Refresh &&
 		now.Before(e.resetAt.Add(-2*(s.opts.Refresh+s.rtt)))
 }
+
+// firstRateHits is how many hits a counter's first rate is measured
+// from before a second has passed: one request in a quarter refresh
+// reads as 16 a second, and the passes would draw a dozen hits for it,
+// held here until the key goes idle while other instances' requests on
+// it find the home short.
+const firstRateHits = 4
 
 // repayWithin is how many refreshes a debt waits to be paid here before
 // it is settled at the home.

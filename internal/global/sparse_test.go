@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/ratelimitd/ratelimitd/internal/global"
 	"github.com/ratelimitd/ratelimitd/internal/limit"
 	"github.com/ratelimitd/ratelimitd/internal/redisstore"
@@ -319,5 +322,32 @@ func TestDrawsAnsweredOutOfOrder(t *testing.T) {
 	wg.Wait()
 	if n := admitted.Load(); n != lim {
 		t.Errorf("a request on the spent counter admitted")
+	}
+}
+
+// TestNewKeyDrawsWhatItAsks: a request on a key never seen waits for a
+// draw of its own hits, and the store does not take its wait for demand:
+// the key's one hit is counted once (not again when the request waits,
+// nor when it is decided after the draw), so its measured rate, and the
+// passes' draws after it, stay at what one request asks. Hits drawn
+// beyond it are stranded at this instance until the key goes idle (5 s),
+// where another instance's requests on the key cannot have them.
+func TestNewKeyDrawsWhatItAsks(t *testing.T) {
+	m := global.NewMetrics(prometheus.NewRegistry())
+	w := newWorld(t, 1, 1, func(int) time.Duration { return 20 * time.Millisecond }, 0, global.Options{Metrics: m, ColdMargin: 3 * time.Second})
+	g := w.regions[0].instances[0]
+	const keys = 20
+	for i := range keys {
+		c := limit.Check{Key: fmt.Sprint("once", i), Limit: 1000, WindowUS: 3600e6, Hits: 1, Global: true}
+		res, err := g.Evaluate(context.Background(), []limit.Check{c})
+		if err != nil || res[0].Over {
+			t.Fatalf("key %d's one request: %+v, %v", i, res, err)
+		}
+	}
+	time.Sleep(time.Second) // the passes after the requests
+	granted := testutil.ToFloat64(m.Hits.WithLabelValues("granted"))
+	t.Logf("%.0f hits drawn for %d keys asked once", granted, keys)
+	if granted > 2*keys {
+		t.Errorf("%.0f hits drawn for %d keys asked once each: more than two a key", granted, keys)
 	}
 }
