@@ -46,8 +46,10 @@ if ! command -v "$lint" >/dev/null 2>&1; then
 	[ -x "$lint" ] || GOFLAGS= go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0 || lint=
 fi
 if [ -n "$lint" ]; then
-	"$lint" run ./...
-	"$lint" run --enable-only gocyclo,funlen --issues-exit-code 0 ./... | sed 's/^/warning: /' || true
+	# Runs beside another run of this script (another clone) wait for
+	# its linters rather than fail on their lock.
+	"$lint" run --allow-serial-runners ./...
+	"$lint" run --allow-serial-runners --enable-only gocyclo,funlen --issues-exit-code 0 ./... | sed 's/^/warning: /' || true
 else
 	echo "test.sh: golangci-lint did not install; linters skipped" >&2
 fi
