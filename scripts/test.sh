@@ -55,7 +55,9 @@ else
 fi
 promtool check rules deploy/prometheus/alerts.yaml
 (cd deploy/prometheus && promtool test rules alerts_test.yaml)
-go test -race -count=1 ./...
+# cmd/ratelimitd's tests take about 5 min alone and 8-10 under STARVE=4
+# or beside another run: past go test's default 10 min per package.
+go test -race -count=1 -timeout 30m ./...
 # The race detector multiplies memory and time: the tests of resource
 # bounds and of recovery within 20 ms assert them only in this second
 # run, without it, one package at a time.
