@@ -63,12 +63,8 @@ descriptors:
 						admitted[w]++
 					}
 					mu.Unlock()
-					next = next.Add(every)
-					if d := time.Until(next); d > 0 {
-						time.Sleep(d)
-					} else {
-						next = time.Now()
-					}
+					next = later(next.Add(every), time.Now())
+					time.Sleep(time.Until(next))
 				}
 			})
 		}
