@@ -176,7 +176,7 @@ muts = [
     ("154 env-compat OTLP/HTTP default on gRPC's port","internal/incumbentenv/incumbentenv.go",'endpoint = "localhost:4318"','endpoint = "localhost:4317"',"./cmd/ratelimitd","TestTracingDefaults"),
     ("155 REDIS_AUTH user:password sent whole as the password","internal/incumbentenv/incumbentenv.go","\tif _, pass, ok := strings.Cut(m.res.RedisPassword, \":\"); ok {\n\t\tm.res.RedisPassword = pass\n\t}\n","","./cmd/ratelimitd","TestIncumbentRedisUser"),
     ("156 tracing sampling rate ignored","internal/tracing/tracing.go","sdktrace.TraceIDRatioBased(o.SamplingRate)","sdktrace.AlwaysSample()","./cmd/ratelimitd","TestTracingSamplingRate"),
-    ("157 RLQS held tokens revoked by a DENY_ALL when nothing is left","internal/rlqs/sizing.go","\t\t\tif b.holds(now) {\n\t\t\t\t// The Envoy still holds","\t\t\tif false && b.holds(now) {\n\t\t\t\t// The Envoy still holds","./internal/rlqs","TestHeldTokensNotRevoked|TestNoDenyOverHeldTokensAtWindowEnd"),
+    ("157 RLQS held tokens revoked by a DENY_ALL when nothing is left","internal/rlqs/sizing.go","\tif !b.holds(now) {\n\t\treturn ss.denyUntil(b, now, reset)","\tif true {\n\t\treturn ss.denyUntil(b, now, reset)","./internal/rlqs","TestHeldTokensNotRevoked|TestNoDenyOverHeldTokensAtWindowEnd"),
     ("158 RLQS report past the bucket bound dropped whole","internal/rlqs/session.go","\tvar out []*rlqsv3.RateLimitQuotaResponse_BucketAction\n\tvar need []*bucket\n","\tif len(msg.GetBucketQuotaUsages()) > ss.srv.opts.MaxBuckets {\n\t\treturn nil, nil\n\t}\n\tvar out []*rlqsv3.RateLimitQuotaResponse_BucketAction\n\tvar need []*bucket\n","./internal/rlqs","TestBounds"),
     ("159 a near-limit ratio of 1 replaced by the default","internal/incumbentstats/incumbentstats.go","opts.NearLimitRatio > 1 {","opts.NearLimitRatio >= 1 {","./internal/incumbentstats","TestNearLimitRatioAndSanitize"),
     ("160 spaces in a stat path written as _","internal/incumbentstats/rules.go","r == '|' || r < ' ' ||","r == '|' || r <= ' ' ||","./internal/incumbentstats","TestNearLimitRatioAndSanitize"),
@@ -495,6 +495,12 @@ muts = [
     ("476 a waiting request counted as demand again","internal/global/decide.go","\t\te.waiting += c.hits\n","\t\te.waiting += c.hits\n\t\te.Asked += c.hits\n","./internal/global","TestNewKeyDrawsWhatItAsks"),
     ("477 a new counter's rate taken from one hit","internal/global/refill.go","if e.Rate > 0 || e.Asked >= firstRateHits || now.Sub(e.From) >= time.Second {","if true {","./internal/global","TestNewKeyDrawsWhatItAsks"),
     ("478 a request decided again after its wait counted again","internal/global/decide.go","\tif !p.again {\n\t\te.Asked += hits\n","\tif true {\n\t\te.Asked += hits\n","./internal/global","TestNewKeyDrawsWhatItAsks"),
+    ("479 RLQS a grant's spending counted from when it was sent","internal/rlqs/session.go","\twhole := !b.arrivedBy.Add(margin).After(b.lastReport)\n","\twhole := !b.sentAt.After(b.lastReport)\n","./internal/rlqs","TestFleetUseOverInstancesUnderDelays|TestFleetBoundUnderDelays"),
+    ("480 RLQS a bucket that may hold tokens never denied before the window's end","internal/rlqs/sizing.go","\tif b.heldTill.Before(b.wake) {\n","\tif false {\n","./internal/rlqs","TestDenyOnceHeldTokensGone"),
+    ("481 RLQS a held grant's tokens thought gone at the TTL it was sent with","internal/rlqs/sizing.go","b.arrivedBy, b.heldTill = now.Add(s.opts.Margin), b.expires.Add(s.opts.Margin)","b.arrivedBy, b.heldTill = now.Add(s.opts.Margin), b.expires","./internal/rlqs","TestFleetUseOverInstancesUnderDelays|TestFleetBoundUnderDelays"),
+    ("482 RLQS a denied window's grant a second late","internal/rlqs/sizing.go","\t\tsoonest = minWindowWake\n","","./internal/rlqs","TestDenyOnceHeldTokensGone"),
+    ("483 RLQS a refused request not taken as the grant spent","internal/rlqs/session.go","\tif whole && denied > 0 {\n","\tif false && whole && denied > 0 {\n","./internal/rlqs","TestNoDenyOverHeldTokensAtWindowEnd"),
+    ("484 RLQS a refusal reported over the grant's arrival taken as the grant spent","internal/rlqs/session.go","\tif whole && denied > 0 {\n","\tif denied > 0 {\n","./internal/rlqs","TestFleetUseOverInstancesUnderDelays|TestFleetBoundUnderDelays|TestHeldTokensNotRevoked"),
 ]
 only = sys.argv[1:]
 missed = 0

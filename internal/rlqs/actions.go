@@ -14,7 +14,7 @@ import (
 func (ss *Session) assign(b *bucket, strategy *typev3.RateLimitStrategy, ttl time.Duration, kind sent) *rlqsv3.RateLimitQuotaResponse_BucketAction {
 	b.sent, b.foreign = kind, false
 	if kind != sentTokens {
-		b.granted, b.used = 0, 0
+		b.granted, b.used, b.spent = 0, 0, 0
 	}
 	ss.srv.m.RLQSAssignment(kind.String())
 	return &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id,

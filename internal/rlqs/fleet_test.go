@@ -348,8 +348,9 @@ func TestAbandonIdle(t *testing.T) {
 // Envoy up to --rlqs-margin late, at random, with the machine kept busy
 // (the store's timeouts are real: failure_mode deny refuses what they
 // cut). Every window of every counter admits at most the limit, RLQS
-// and RLS together, and no Envoy admits more than was granted in a
-// window; over at least 200 windows. The seed is logged.
+// and RLS together, no Envoy admits more than was granted in a window,
+// and no assignment takes away a token an Envoy holds; over at least 200
+// windows. The seed is logged.
 func TestFleetBoundUnderDelays(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -378,6 +379,7 @@ func TestFleetBoundUnderDelays(t *testing.T) {
 		s.run(200 * time.Second)
 		s.close()
 		s.checkPaid(t, name)
+		s.checkTokens(t, name)
 		for i, w := range s.windows() {
 			if got := s.admitted[w]; got > limit {
 				t.Errorf("%s: window %d admitted %d (RLS %d), more than %d", name, i, got, s.rls[w], limit)
@@ -400,10 +402,10 @@ func TestFleetBoundUnderDelays(t *testing.T) {
 // limit), reports up to a second late and answers up to --rlqs-margin
 // late (fixed seeds, the sim's clock: nothing here depends on the
 // machine's speed). Every window after the first uses at least 97 % of
-// the limit, none more: each instance sees one Envoy's demand of
-// several, and a grant replaced while it still held tokens lost them to
-// the window (Envoy drops them with the bucket), which left windows at
-// 94 %.
+// the limit, none more, and no held token is taken away: each instance
+// sees one Envoy's demand of several, and a grant replaced while it
+// still held tokens lost them to the window (Envoy drops them with the
+// bucket), which left windows at 94 %.
 func TestFleetUseOverInstancesUnderDelays(t *testing.T) {
 	const limit = 600
 	srv := redistest.Start(t)
@@ -417,6 +419,7 @@ func TestFleetUseOverInstancesUnderDelays(t *testing.T) {
 			s.run(5 * time.Minute)
 			s.close()
 			s.checkPaid(t, name)
+			s.checkTokens(t, name)
 			for i, w := range s.windows() {
 				s.checkUse(t, name, i, w)
 				windows++

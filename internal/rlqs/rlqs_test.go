@@ -267,8 +267,15 @@ func TestFailureKeepsHeldTokens(t *testing.T) {
 		t.Errorf("a's next wake %v, want a second later (%v)", w, now.Add(time.Second))
 	}
 	// Its tokens reported spent, the failure mode answers, for as long
-	// as grants have failed (a second) and a second more.
-	if got := actions(counts(t, a, now.Add(time.Second), "edge", id, 17, 0)); got != "deny/2s" {
+	// as grants have failed (a second) and a second more. Of the 150
+	// reported over the period the grant arrived in, 75 count as surely
+	// spent from it: it may have arrived a margin (a second) after it
+	// was sent, and the report may have been made a margin before it
+	// reached the server. 92 more spend it surely.
+	if got := actions(counts(t, a, now.Add(time.Second), "edge", id, 91, 0)); got != "" {
+		t.Errorf("a with a token it may hold, the store failing: %q, want no action", got)
+	}
+	if got := actions(counts(t, a, now.Add(time.Second), "edge", id, 1, 0)); got != "deny/2s" {
 		t.Errorf("a with its tokens spent, the store failing a second: %q, want deny/2s", got)
 	}
 }
@@ -420,12 +427,15 @@ descriptors:
 	if n := resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetMaxTokens(); n != 20 {
 		t.Errorf("grant of %d, want the burst, 20", n)
 	}
+	// The bucket drained: nothing to grant. The 20 requests reported may
+	// all have come before the grant arrived (within the margin), so
+	// the Envoy may hold its tokens still: no DENY_ALL over them.
 	now = now.Add(5 * time.Millisecond)
 	u := report("tb", id)
 	u.BucketQuotaUsages[0].NumRequestsAllowed, u.BucketQuotaUsages[0].NumRequestsDenied = 20, 500
 	resp, _ = ss.Report(ctx, now, u)
-	if got := actions(resp); got != "deny/1s" {
-		t.Fatalf("empty bucket: %q, want deny", got)
+	if got := actions(resp); got != "" {
+		t.Fatalf("empty bucket, the grant maybe held: %q, want no action", got)
 	}
 	if w := ss.NextWake(); w.Before(now.Add(time.Second)) {
 		t.Errorf("wakes %v after, want a second at the soonest", w.Sub(now))

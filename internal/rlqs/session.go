@@ -72,8 +72,14 @@ type bucket struct {
 	granted, used uint64
 	sentAt        time.Time // of the grant
 	expires       time.Time
-	wake          time.Time // push a grant for the next window then
-	dry           time.Time // replace the grant then: keep expects it spent
+	// arrivedBy is the latest the Envoy got the grant (sentAt + margin),
+	// so its tokens may last to heldTill (expires + margin); spent is
+	// what the grant surely spent: the allowed requests of reports
+	// counted from arrivedBy, where used counts them from sentAt.
+	arrivedBy, heldTill time.Time
+	spent               uint64
+	wake                time.Time // push a grant for the next window then
+	dry                 time.Time // replace the grant then: keep expects it spent
 	// foreign: the Envoy may hold a token bucket another stream (another
 	// instance, before a failover or restart) assigned, so the first
 	// token bucket sent is preceded by a DENY_ALL, as a replacement is:
@@ -208,7 +214,7 @@ func (ss *Session) bucketOf(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsag
 	}
 	key := BucketKey(id)
 	if b := ss.buckets[key]; b != nil {
-		b.observe(now, u.GetNumRequestsAllowed(), u.GetNumRequestsDenied())
+		b.observe(now, u.GetNumRequestsAllowed(), u.GetNumRequestsDenied(), ss.srv.opts.Margin)
 		s.noteRate(b)
 		return b
 	}
@@ -253,15 +259,38 @@ func (s *Server) checkID(id map[string]string) string {
 // grant spent. A report counts from the one before it: when the grant
 // was sent in between, the requests allowed before it took effect were
 // spent from the grant it replaced, so the grant is charged the part of
-// them after it was sent, as if they came evenly. Counting them all
-// made a fresh grant look half spent and replaced it early, its unused
-// tokens lost.
-func (b *bucket) observe(now time.Time, allowed, denied uint64) {
+// them after it was sent, as if they came evenly (used). Counting them
+// all made a fresh grant look half spent and replaced it early, its
+// unused tokens lost.
+//
+// What the grant surely spent (spent) counts them only from the latest
+// it could have arrived (the margin after it was sent), and allows that
+// each report was made up to a margin before it reached us: a report
+// counts whole once the one before it reached us a margin after that.
+// Such a report with a refused request says the grant is spent: its
+// token bucket refills nothing over its TTL, so it refuses only once
+// empty (or expired).
+func (b *bucket) observe(now time.Time, allowed, denied uint64, margin time.Duration) {
 	n := allowed + denied
-	if span := now.Sub(b.lastReport); b.sentAt.After(b.lastReport) && span > 0 {
-		allowed = uint64(math.Ceil(float64(allowed) * float64(now.Sub(b.sentAt)) / float64(span)))
+	span := now.Sub(b.lastReport)
+	used, spent := allowed, allowed
+	if b.sentAt.After(b.lastReport) && span > 0 {
+		used = uint64(math.Ceil(float64(allowed) * float64(now.Sub(b.sentAt)) / float64(span)))
 	}
-	b.used += allowed
+	whole := !b.arrivedBy.Add(margin).After(b.lastReport)
+	if !whole {
+		from := b.arrivedBy
+		if b.lastReport.After(from) {
+			from = b.lastReport
+		}
+		after := max(0, now.Add(-margin).Sub(from))
+		spent = uint64(math.Floor(float64(allowed) * float64(after) / float64(span+margin)))
+	}
+	b.used += used
+	b.spent += spent
+	if whole && denied > 0 {
+		b.spent = max(b.spent, b.granted)
+	}
 	b.lastReport = now
 	if n > 0 {
 		b.lastActive = now
@@ -309,7 +338,7 @@ func (ss *Session) replan(b *bucket, rules *config.Snapshot, keys []string) erro
 		contributeLocked(c, b)
 	}
 	s.mu.Unlock()
-	b.plan, b.granted, b.used, b.wake, b.dry = p, 0, 0, time.Time{}, time.Time{}
+	b.plan, b.granted, b.used, b.spent, b.wake, b.dry = p, 0, 0, 0, time.Time{}, time.Time{}
 	return nil
 }
 

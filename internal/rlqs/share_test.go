@@ -244,6 +244,7 @@ func TestHeldTokensNotRevoked(t *testing.T) {
 		t.Fatalf("b's first grant %d, want 416", got)
 	}
 	now = now.Add(5 * time.Second)
+	bGranted := now
 	if got := granted(counts(t, b, now, "edge", id, 416, 500_000)); got != 417 {
 		t.Fatalf("b's second grant %d, want the 417 left", got)
 	}
@@ -265,8 +266,16 @@ func TestHeldTokensNotRevoked(t *testing.T) {
 	if want := t0.Add(time.Minute); !a.NextWake().Equal(want) {
 		t.Errorf("a's next wake %v, want the window's end %v", a.NextWake(), want)
 	}
-	// b has spent its tokens: it holds nothing, and is denied.
-	if got := actions(counts(t, b, now.Add(time.Second), "edge", id, 417, 0)); !strings.HasPrefix(got, "deny/") {
+	// b reports, nothing spent yet, once its grant surely arrived and
+	// the report surely was made after (a margin each), then its tokens
+	// spent: it holds nothing, and is denied. (Requests reported over
+	// the grant's arrival may have come before it: they would not show
+	// it spent.)
+	now = bGranted.Add(2 * rlqs.DefaultMargin)
+	if got := actions(counts(t, b, now, "edge", id, 0, 0)); got != "" {
+		t.Fatalf("b holding its grant: %q, want no action", got)
+	}
+	if got := actions(counts(t, b, now.Add(500*time.Millisecond), "edge", id, 417, 0)); !strings.HasPrefix(got, "deny/") {
 		t.Errorf("b with nothing held: %q, want a DENY_ALL until the window ends", got)
 	}
 }
@@ -322,6 +331,46 @@ func TestForeignBucket(t *testing.T) {
 	}
 }
 
+// TestDenyOnceHeldTokensGone: a bucket that may still hold tokens when
+// nothing is left to grant (its grant reported spent only over the
+// report spanning its arrival, which may count requests from before it)
+// is denied once the grant's assignment has surely ended at the Envoy:
+// its TTL counted from a margin after it was sent. Under Envoy's
+// permissive defaults an expired assignment admits everything until the
+// next one. That DENY_ALL wakes the session at the window's end, not a
+// second after (its TTL is whole seconds).
+func TestDenyOnceHeldTokensGone(t *testing.T) {
+	now := t0.Add(1500 * time.Millisecond)
+	a, b := twoSessions(t, kindsRules, &now)
+	id := map[string]string{"tenant": "acme", "route": "login"} // 1000 a minute
+	ga := granted(counts(t, a, now, "edge", id, 1, 0))
+	gb := granted(counts(t, b, now, "edge", id, 1, 100_000))
+	if ga == 0 || gb == 0 {
+		t.Fatalf("first grants %d and %d", ga, gb)
+	}
+	now = now.Add(5 * time.Second)
+	if got := granted(counts(t, b, now, "edge", id, uint64(gb), 500_000)); got == 0 {
+		t.Fatal("b's second grant: none")
+	}
+	// a reports its grant's worth, over the report spanning its arrival.
+	if got := actions(counts(t, a, now, "edge", id, uint64(ga), 0)); got != "" {
+		t.Fatalf("a maybe holding tokens, nothing left: %q, want no action", got)
+	}
+	// Its assignment (58.5 s to the window's end, less the margin, in
+	// whole seconds: 57 s) ends at the Envoy by 58.5 s + the margin.
+	heldTill := t0.Add(59500 * time.Millisecond)
+	if w := a.NextWake(); !w.Equal(heldTill) {
+		t.Fatalf("a's next wake %v, want %v", w.Sub(t0), heldTill.Sub(t0))
+	}
+	now = heldTill
+	if got := actions(a.Wake(context.Background(), now)); got != "deny/1s" {
+		t.Fatalf("a woken once its assignment surely ended: %q, want deny/1s", got)
+	}
+	if w := a.NextWake(); !w.Equal(t0.Add(time.Minute)) {
+		t.Errorf("a's next wake %v, want the window's end", w.Sub(t0))
+	}
+}
+
 // TestNoDenyOverHeldTokensAtWindowEnd: a grant asked for too near the
 // window's end to hand out is given back; a bucket that still holds
 // tokens is then left to spend them (a DENY_ALL would throw them away),
@@ -340,6 +389,7 @@ func TestNoDenyOverHeldTokensAtWindowEnd(t *testing.T) {
 	if got := actions(counts(t, a, now, "edge", id, 160, 10_000)); got != "" {
 		t.Fatalf("a bucket running short near the window's end, tokens held: %q, want no action", got)
 	}
+	// Its 7 spent and requests refused: its token bucket is empty.
 	if got := actions(counts(t, a, now.Add(100*time.Millisecond), "edge", id, 7, 100)); !strings.HasPrefix(got, "deny/") {
 		t.Fatalf("the same bucket with nothing held: %q, want a DENY_ALL to the window's end", got)
 	}

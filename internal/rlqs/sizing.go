@@ -81,9 +81,15 @@ func (ss *Session) runsOut(b *bucket, now time.Time, left float64) bool {
 }
 
 // holds reports whether the Envoy may still hold tokens of the bucket's
-// grant: unexpired, and not all reported used.
+// grant: it may have got the grant up to a margin after it was sent, so
+// its assignment may run that much past b.expires; and a report spanning
+// the grant's arrival counts as spent from the grant only the part after
+// the latest the grant could have arrived (used, which sizes grants,
+// counts it from when it was sent: a fair guess, but one that took a
+// grant for spent with the Envoy still holding tokens, and a DENY_ALL
+// then threw them away).
 func (b *bucket) holds(now time.Time) bool {
-	return b.sent == sentTokens && now.Before(b.expires) && b.granted > b.used
+	return b.sent == sentTokens && now.Before(b.heldTill) && b.granted > b.spent
 }
 
 // claim is a bucket's claim on what its counter has left.
@@ -205,16 +211,9 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 				op.Check.Hits, op.GiveBack, op.WindowEndUS = r.Hits, true, r.WindowEndUS
 				back = append(back, op)
 			}
-			if b.holds(now) {
-				// The Envoy still holds tokens charged to the counter: a
-				// DENY_ALL would throw them away. They run out on their
-				// TTL (a strict config denies after); the next window's
-				// grant comes at its start.
-				b.wake = now.Add(max(reset, time.Second))
-				break
+			if a := ss.denyUnlessHeld(b, now, reset); a != nil {
+				out = append(out, a)
 			}
-			// Deny until the next window's grant.
-			out = append(out, ss.denyUntil(b, now, reset))
 		default:
 			s.m.RLQSGrant("taken", r.Hits)
 			if b.sent == sentTokens || b.foreign {
@@ -228,7 +227,8 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 				out = append(out, ss.assign(b, denyAll(), ttl, sentDeny))
 			}
 			out = append(out, ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens))
-			b.granted, b.used, b.sentAt, b.expires = r.Hits, 0, now, now.Add(ttl)
+			b.granted, b.used, b.spent, b.sentAt, b.expires = r.Hits, 0, 0, now, now.Add(ttl)
+			b.arrivedBy, b.heldTill = now.Add(s.opts.Margin), b.expires.Add(s.opts.Margin)
 			if windowed {
 				b.wake = now.Add(reset)
 			}
@@ -242,17 +242,45 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 	return out
 }
 
+// denyUnlessHeld denies the bucket until its counter has budget again,
+// unless the Envoy may still hold tokens charged to the counter: a
+// DENY_ALL would throw them away. They run out (an empty token bucket
+// denies) or expire; the DENY_ALL comes once they surely have, so that a
+// permissive config's expired assignment does not admit all, or the
+// next window's grant comes first.
+func (ss *Session) denyUnlessHeld(b *bucket, now time.Time, reset time.Duration) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	if !b.holds(now) {
+		return ss.denyUntil(b, now, reset)
+	}
+	b.wake = now.Add(max(reset, time.Second))
+	if b.heldTill.Before(b.wake) {
+		b.wake = b.heldTill
+	}
+	return nil
+}
+
 // denyUntil denies the bucket until its counter has budget again (the
-// next window, or the bucket's next hit) and wakes the session then, a
-// second from now at the soonest: a token bucket rule's next hit may be
-// due in a millisecond, and asking for it hit by hit would load Redis.
+// next window, or the bucket's next hit) and wakes the session then. A
+// token bucket rule's is a second from now at the soonest: its next hit
+// may be due in a millisecond, and asking for it hit by hit would load
+// Redis. A window's is its end (minWindowWake at the soonest): a
+// DENY_ALL sent a moment before it would otherwise hold the bucket a
+// second into the next window.
 func (ss *Session) denyUntil(b *bucket, now time.Time, reset time.Duration) *rlqsv3.RateLimitQuotaResponse_BucketAction {
 	// TTLs are whole seconds: the first one at or after the window's
 	// end, when the wake's grant replaces it anyway.
 	ttl := max(time.Second, (reset+time.Second-1)/time.Second*time.Second)
-	b.wake = now.Add(max(reset, time.Second))
+	soonest := time.Second
+	if b.plan.Check.Algorithm != limit.TokenBucket {
+		soonest = minWindowWake
+	}
+	b.wake = now.Add(max(reset, soonest))
 	return ss.assign(b, denyAll(), ttl, sentDeny)
 }
+
+// minWindowWake keeps a window's wake from spinning when the store's
+// window has not yet turned at the session's (clocks a moment apart).
+const minWindowWake = 50 * time.Millisecond
 
 // failure answers by the bucket's failure mode for ttl, and asks the
 // store again halfway through it (half a second at the soonest), so
