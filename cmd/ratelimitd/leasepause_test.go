@@ -198,21 +198,29 @@ func askPaused(t *testing.T, c rlsv3.RateLimitServiceClient, holder, key int) pa
 		}
 		return call
 	}
-	// The decision was made between sending and answer, in the window
-	// holding that moment (whole seconds of Redis's clock, this
-	// machine's; 5 ms either side for the clocks' reading). Its reset is
-	// exact from Redis and early from a grant (counted from when the
-	// grant was asked for), so the window ends no sooner than it says.
-	const second, slack = int64(1_000_000), int64(5_000)
-	for end := (sent-slack)/second*second + second; end-second < got+slack; end += second {
-		if end >= sent+int64(reset)-slack {
-			call.ends = append(call.ends, end)
-		}
-	}
+	call.ends = decisionEnds(sent, got, reset)
 	if len(call.ends) == 0 {
 		t.Errorf("holder %d: reset_us %v names a window that ended before the call (%d..%d)", holder, reset, sent, got)
 	}
 	return call
+}
+
+// decisionEnds returns the ends (µs) of the one-second windows a decision
+// answered with reset µs to its window's end may have been made in: it
+// was made between sending (sent) and answer (got), in the window
+// holding that moment (whole seconds of Redis's clock, this machine's;
+// 5 ms either side for the clocks' reading). Its reset is exact from
+// Redis and early from a grant (counted from when the grant was asked
+// for), so the window ends no sooner than it says.
+func decisionEnds(sent, got int64, reset float64) []int64 {
+	const second, slack = int64(1_000_000), int64(5_000)
+	var ends []int64
+	for end := (sent-slack)/second*second + second; end-second < got+slack; end += second {
+		if end >= sent+int64(reset)-slack {
+			ends = append(ends, end)
+		}
+	}
+	return ends
 }
 
 // atRandom calls pause with 10-500 ms until ctx ends, 50-600 ms apart,
