@@ -501,6 +501,7 @@ muts = [
     ("482 RLQS a denied window's grant a second late","internal/rlqs/sizing.go","\t\tsoonest = minWindowWake\n","","./internal/rlqs","TestDenyOnceHeldTokensGone"),
     ("483 RLQS a refused request not taken as the grant spent","internal/rlqs/session.go","\tif whole && denied > 0 {\n","\tif false && whole && denied > 0 {\n","./internal/rlqs","TestNoDenyOverHeldTokensAtWindowEnd"),
     ("484 RLQS a refusal reported over the grant's arrival taken as the grant spent","internal/rlqs/session.go","\tif whole && denied > 0 {\n","\tif denied > 0 {\n","./internal/rlqs","TestFleetUseOverInstancesUnderDelays|TestFleetBoundUnderDelays|TestHeldTokensNotRevoked"),
+    ("485 RLQS a replaced grant's lost hits wrap around when more was reported","internal/rlqs/sizing.go","s.m.RLQSGrantLost(b.granted - min(b.granted, b.used))","s.m.RLQSGrantLost(b.granted - b.used)","./internal/rlqs","TestReplacedGrantLostNeverNegative"),
 ]
 only = sys.argv[1:]
 missed = 0

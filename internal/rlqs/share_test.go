@@ -104,6 +104,33 @@ descriptors:
 	}
 }
 
+// TestReplacedGrantLostNeverNegative: a report may count more allowed
+// requests than a grant held (those before it arrived came from the
+// assignment before); the grant replaced then lost nothing, never
+// "granted less used" wrapped around.
+func TestReplacedGrantLostNeverNegative(t *testing.T) {
+	now := t0.Add(10 * time.Second)
+	srv, m := unitServer(t, `domain: d
+rlqs: {descriptor_keys: [k]}
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 3600000}
+`, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
+	ss, _ := srv.NewSession()
+	defer ss.Close()
+	id := map[string]string{"k": "v"}
+	if got := granted(counts(t, ss, now, "d", id, 1, 0)); got != 10_000 {
+		t.Fatalf("first grant %d, want 10000", got)
+	}
+	now = now.Add(5 * time.Second)
+	if got := granted(counts(t, ss, now, "d", id, 12_000, 0)); got == 0 {
+		t.Fatal("no grant replacing the one reported spent")
+	}
+	if got := testutil.ToFloat64(m.RLQSGrantHits.WithLabelValues("lost")); got != 0 {
+		t.Errorf("lost hits %v, want none: 12000 allowed were reported over a grant of 10000", got)
+	}
+}
+
 // TestShareByDemand: what remains is shared by demand among the buckets
 // on a counter (at least evenly): a bucket with 99 % of the demand may
 // take 99 % of what remains.

@@ -218,9 +218,11 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 			s.m.RLQSGrant("taken", r.Hits)
 			if b.sent == sentTokens || b.foreign {
 				// What the replaced grant had left by the Envoy's last
-				// report: an upper bound of the hits it never spent.
+				// report: an upper bound of the hits it never spent
+				// (used may pass granted: a report spanning the grant's
+				// arrival counts requests from before it).
 				if b.holds(now) {
-					s.m.RLQSGrantLost(b.granted - b.used)
+					s.m.RLQSGrantLost(b.granted - min(b.granted, b.used))
 				}
 				// A token bucket replacing one would carry the old
 				// one's tokens over: end it first.
