@@ -233,20 +233,23 @@ func TestStuckSink(t *testing.T) {
 		// buffers and gostats' queue hold, and on until the failure is
 		// counted: on a crowded machine the flusher, starved, drops
 		// lines its queue cannot take, and fewer reach the socket.
-		var slowest time.Duration
+		// A blocked write would take the sink's 1 s write timeout, at
+		// every flush; a crowded machine may hold a call or two half
+		// that long.
+		var slow []time.Duration
 		deadline := time.Now().Add(40 * time.Second)
-		for i := 0; slowest <= 500*time.Millisecond && (i < 400_000 || errs.Load() == 0 && time.Now().Before(deadline)); i++ {
+		for i := 0; len(slow) < 3 && (i < 400_000 || errs.Load() == 0 && time.Now().Before(deadline)); i++ {
 			start := time.Now()
 			s.Request(time.Duration(i) * time.Microsecond)
 			c := rs.For("d", r, nil)
 			c.Total(1)
 			c.Decided(1, 10, uint64(i%12), i%12 >= 10)
-			slowest = max(slowest, time.Since(start))
+			if d := time.Since(start); d > 500*time.Millisecond {
+				slow = append(slow, d)
+			}
 		}
-		// Generous for a busy 2-core machine; a blocked write would take
-		// the sink's 1 s write timeout.
-		if slowest > 500*time.Millisecond {
-			t.Errorf("%s: a counting call took %v", addr, slowest)
+		if len(slow) >= 3 {
+			t.Errorf("%s: counting calls took %v", addr, slow)
 		}
 		if errs.Load() == 0 {
 			t.Errorf("%s: no sink failure counted", addr)

@@ -78,8 +78,10 @@ func TestLeaseThroughStalls(t *testing.T) {
 	t.Logf("%d requests, %d admitted, %d failed (%d before the stalls), %d of the control failed; %d local, %d waited; %d granted",
 		total.Load(), admitted.Load(), failed.Load(), warm, controlFailed.Load(), locals(m),
 		uint64(testutil.ToFloat64(m.LeaseDecisions.WithLabelValues("waited"))), hits(m, "granted"))
-	if failed.Load() != 0 {
-		t.Errorf("%d requests answered by failure policy through the stalls; want none while grants last", failed.Load())
+	// Before the stalls, a first take that outlived its deadline on a
+	// crowded machine is answered by the policy, as it should be.
+	if n := failed.Load() - warm; n != 0 {
+		t.Errorf("%d requests answered by failure policy through the stalls; want none while grants last", n)
 	}
 	if controlFailed.Load() == 0 {
 		t.Error("no request without lease failed: the stalls were not seen")

@@ -102,12 +102,13 @@ func answer(r *rlsv3.RateLimitResponse) string {
 	return b.String()
 }
 
-// keyValues returns every key a topology's Redis holds, with its value
-// and its expiry (whole seconds left, -1 for none).
-func keyValues(t *testing.T, nodes []*redis.Client) map[string]string {
+// keyValues returns every key a topology's Redis holds, with its value;
+// those due to expire within expiringSoon (by Redis's own clock, which
+// the scripted one does not move) are listed in soon as well.
+func keyValues(t *testing.T, nodes []*redis.Client) (out map[string]string, soon map[string]bool) {
 	t.Helper()
 	ctx := context.Background()
-	out := map[string]string{}
+	out, soon = map[string]string{}, map[string]bool{}
 	for _, c := range nodes {
 		keys, err := c.Keys(ctx, "*").Result()
 		if err != nil {
@@ -125,9 +126,32 @@ func keyValues(t *testing.T, nodes []*redis.Client) map[string]string {
 				t.Errorf("key %s (%s) has no TTL", k, v)
 			}
 			out[k] = v
+			if ttl >= 0 && ttl < expiringSoon {
+				soon[k] = true
+			}
 		}
 	}
-	return out
+	return out, soon
+}
+
+// expiringSoon: a key this near its expiry when one topology's Redis is
+// read may be gone when the next is, on a crowded machine (a token
+// bucket's key of a 2-a-second rule lives a few seconds).
+const expiringSoon = 30 * time.Second
+
+// sameKeys reports the keys whose values differ between two reads,
+// leaving out a key only one holds while it was near its expiry there.
+func sameKeys(a, b map[string]string, aSoon, bSoon map[string]bool) []string {
+	var diff []string
+	for _, k := range sortedKeys(a, b) {
+		av, aok := a[k]
+		bv, bok := b[k]
+		if aok != bok && (aSoon[k] || bSoon[k]) || av == bv {
+			continue
+		}
+		diff = append(diff, k)
+	}
+	return diff
 }
 
 // topologyRules are limits of every kind a request can mix, so that one
@@ -243,16 +267,14 @@ func TestSameAnswersOnEveryTopology(t *testing.T) {
 	}
 	// Every counter the same in every Redis topology (the embedded
 	// store's answered the same above).
-	want := keyValues(t, tops[1].nodes)
+	want, wantSoon := keyValues(t, tops[1].nodes)
 	if len(want) < 20 {
 		t.Fatalf("%d keys in the single Redis: the traffic touched too little", len(want))
 	}
 	for _, tp := range tops[2:] {
-		got := keyValues(t, tp.nodes)
-		for _, k := range sortedKeys(want, got) {
-			if want[k] != got[k] {
-				t.Errorf("%s: key %q holds %q, single Redis %q", tp.name, k, got[k], want[k])
-			}
+		got, gotSoon := keyValues(t, tp.nodes)
+		for _, k := range sameKeys(want, got, wantSoon, gotSoon) {
+			t.Errorf("%s: key %q holds %q, single Redis %q", tp.name, k, got[k], want[k])
 		}
 	}
 	t.Logf("2,500 requests, %d refused (%d beside a descriptor within its limit), %d keys: identical on every topology", refused, mixed, len(want))
@@ -265,7 +287,8 @@ func counterDiff(t *testing.T, a, b topology) string {
 	if b.nodes == nil {
 		return " (the embedded store's are not read)"
 	}
-	av, bv := keyValues(t, a.nodes), keyValues(t, b.nodes)
+	av, _ := keyValues(t, a.nodes)
+	bv, _ := keyValues(t, b.nodes)
 	var out strings.Builder
 	for _, k := range sortedKeys(av, bv) {
 		if av[k] != bv[k] {
