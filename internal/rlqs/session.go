@@ -72,14 +72,14 @@ type bucket struct {
 	granted, used uint64
 	sentAt        time.Time // of the grant
 	expires       time.Time
-	// arrivedBy is the latest the Envoy got the grant (sentAt + margin),
-	// so its tokens may last to heldTill (expires + margin); spent is
-	// what the grant surely spent: the allowed requests of reports
-	// counted from arrivedBy, where used counts them from sentAt.
-	arrivedBy, heldTill time.Time
-	spent               uint64
-	wake                time.Time // push a grant for the next window then
-	dry                 time.Time // replace the grant then: keep expects it spent
+	// The Envoy got the grant a margin after sentAt at the latest, so
+	// its tokens may last to heldTill (expires + margin); spent is what
+	// the grant surely spent: the allowed requests of reports counted
+	// from then, where used counts them from sentAt.
+	heldTill time.Time
+	spent    uint64
+	wake     time.Time // push a grant for the next window then
+	dry      time.Time // replace the grant then: keep expects it spent
 	// foreign: the Envoy may hold a token bucket another stream (another
 	// instance, before a failover or restart) assigned, so the first
 	// token bucket sent is preceded by a DENY_ALL, as a replacement is:
@@ -277,9 +277,10 @@ func (b *bucket) observe(now time.Time, allowed, denied uint64, margin time.Dura
 	if b.sentAt.After(b.lastReport) && span > 0 {
 		used = uint64(math.Ceil(float64(allowed) * float64(now.Sub(b.sentAt)) / float64(span)))
 	}
-	whole := !b.arrivedBy.Add(margin).After(b.lastReport)
+	arrivedBy := b.sentAt.Add(margin)
+	whole := !arrivedBy.Add(margin).After(b.lastReport)
 	if !whole {
-		from := b.arrivedBy
+		from := arrivedBy
 		if b.lastReport.After(from) {
 			from = b.lastReport
 		}

@@ -50,6 +50,21 @@ func TestShareFollowsStreams(t *testing.T) {
 	}
 }
 
+// hourSession is a session of domain d, whose rule k is 3.6 million an
+// hour, on a store reading *now.
+func hourSession(t *testing.T, now *time.Time) (*rlqs.Session, *rlqs.Metrics) {
+	t.Helper()
+	srv, m := unitServer(t, `domain: d
+rlqs: {descriptor_keys: [k]}
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 3600000}
+`, memstore.New(memstore.Options{Now: func() time.Time { return *now }}), rlqs.Options{})
+	ss, _ := srv.NewSession()
+	t.Cleanup(ss.Close)
+	return ss, m
+}
+
 // TestGrantFollowsDemand: grants are the measured demand until the report
 // after next (the first measurement taken as is, later ones averaged); a
 // grant lasting to the next report is kept, and so is one not yet spent
@@ -57,14 +72,7 @@ func TestShareFollowsStreams(t *testing.T) {
 // renewed when it is expected spent: see TestHeldTokensNotRevoked).
 func TestGrantFollowsDemand(t *testing.T) {
 	now := t0.Add(time.Second)
-	srv, m := unitServer(t, `domain: d
-rlqs: {descriptor_keys: [k]}
-descriptors:
-  - key: k
-    rate_limit: {unit: hour, requests_per_unit: 3600000}
-`, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
-	ss, _ := srv.NewSession()
-	defer ss.Close()
+	ss, m := hourSession(t, &now)
 	id := map[string]string{"k": "v"}
 	step := func(allowed, denied uint64) *rlqsv3.RateLimitQuotaResponse {
 		t.Helper()
@@ -110,14 +118,7 @@ descriptors:
 // "granted less used" wrapped around.
 func TestReplacedGrantLostNeverNegative(t *testing.T) {
 	now := t0.Add(10 * time.Second)
-	srv, m := unitServer(t, `domain: d
-rlqs: {descriptor_keys: [k]}
-descriptors:
-  - key: k
-    rate_limit: {unit: hour, requests_per_unit: 3600000}
-`, memstore.New(memstore.Options{Now: func() time.Time { return now }}), rlqs.Options{})
-	ss, _ := srv.NewSession()
-	defer ss.Close()
+	ss, m := hourSession(t, &now)
 	id := map[string]string{"k": "v"}
 	if got := granted(counts(t, ss, now, "d", id, 1, 0)); got != 10_000 {
 		t.Fatalf("first grant %d, want 10000", got)

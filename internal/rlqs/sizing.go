@@ -230,7 +230,7 @@ func (ss *Session) grant(ctx context.Context, now time.Time, need []*bucket) []*
 			}
 			out = append(out, ss.assign(b, tokens(r.Hits, ttl), ttl, sentTokens))
 			b.granted, b.used, b.spent, b.sentAt, b.expires = r.Hits, 0, 0, now, now.Add(ttl)
-			b.arrivedBy, b.heldTill = now.Add(s.opts.Margin), b.expires.Add(s.opts.Margin)
+			b.heldTill = b.expires.Add(s.opts.Margin)
 			if windowed {
 				b.wake = now.Add(reset)
 			}
